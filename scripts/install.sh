@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Install captum_attnflow with its dev extra into the current Python environment.
+# torch is pinned first: an unpinned torch requirement resolves to a 5 GB CUDA build,
+# while torch==2.13.0 on this index is the CPU build (pip keeps an installed torch).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python -m pip install --quiet "torch==2.13.0"
+python -m pip install --quiet -e ".[dev]"

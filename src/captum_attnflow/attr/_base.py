@@ -1,0 +1,80 @@
+"""What every attention-based attribution shares: Captum's interface, input checks, extraction."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from captum.attr import Attribution
+from torch import Tensor
+
+from captum_attnflow.extraction import extract_attentions
+
+
+class AttentionAttribution(Attribution):
+    """Base of the attention-based attributions: class-agnostic, gradient-free, no convergence delta.
+
+    Args:
+        forward_func: a Hugging Face model, an ``nn.Module`` wrapping one, or a callable
+            ``forward_func(inputs, *additional_forward_args)`` returning attentions
+            (see :func:`captum_attnflow.extraction.extract_attentions`).
+    """
+
+    def __init__(self, forward_func: Callable[..., Any]) -> None:
+        super().__init__(forward_func)
+
+    def has_convergence_delta(self) -> bool:
+        return False
+
+    def _attentions(
+        self, inputs: Tensor, additional_forward_args: Any, attention_mask: Tensor | None
+    ) -> tuple[Tensor, ...]:
+        """Check ``inputs`` are token ids (B, n) and return the model's attentions for them."""
+        if not isinstance(inputs, Tensor):
+            raise TypeError(f"inputs must be a tensor of token ids (B, n), got {type(inputs).__name__}.")
+        if inputs.dim() != 2:
+            raise ValueError(
+                f"inputs must be token ids of shape (B, n), got shape {tuple(inputs.shape)}; "
+                "for one sentence use inputs.unsqueeze(0)."
+            )
+        if inputs.shape[1] == 0:
+            raise ValueError("empty sequence: inputs have no tokens (n = 0).")
+        if inputs.dtype.is_floating_point:
+            raise TypeError(
+                f"inputs must be integer token ids, got dtype {inputs.dtype}; these methods explain "
+                "tokens, so pass input_ids rather than embeddings."
+            )
+        return extract_attentions(self.forward_func, inputs, additional_forward_args, attention_mask)
+
+    @staticmethod
+    def _on_device(attributions: Tensor, inputs: Tensor) -> Tensor:
+        return attributions.to(inputs.device)
+
+
+def with_attribute_args(method: Callable) -> Callable:
+    """Fill ``{args}`` in ``method``'s docstring with the arguments all attention methods share."""
+    method.__doc__ = method.__doc__.replace("{args}", _ATTRIBUTE_ARGS_DOC)
+    return method
+
+
+_ATTRIBUTE_ARGS_DOC = """
+        Args:
+            inputs (Tensor): token ids, shape (B, n).
+            target: accepted for compatibility with Captum and ignored: attention-based
+                attributions are class-agnostic, they explain a position's representation,
+                not a class score.
+            additional_forward_args (Any, optional): extra positional arguments passed to
+                ``forward_func`` after ``inputs``.
+            position (int or Tensor, optional): the explained position: an int for every
+                example (negative counts from n, like Python indexing) or a (B,) LongTensor,
+                e.g. the mask position of each example. Default: 0 (the CLS token).
+            layer (int or None, optional): explain the representation at the output of this
+                layer, 1..L, or negative from the top (-1 = last layer). None returns every
+                layer. Default: -1.
+            head_fusion (str, optional): how heads are combined per layer: ``"mean"``
+                (the paper's), ``"max"`` or ``"min"``.
+            residual_alpha (float, optional): weight of attention against the residual
+                connection, :math:`A = \\alpha W + (1 - \\alpha) I`, rows renormalised.
+            attention_mask (Tensor, optional): (B, n), 1 on real tokens, 0 on padding, as
+                the tokenizer returns it. Padding gets attribution 0 and never influences
+                real tokens. It is passed to a Hugging Face model as ``attention_mask``.
+"""

@@ -1,0 +1,59 @@
+"""Raw attention: the attention weights of one position in one layer, heads fused."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from captum_attnflow.attr._base import AttentionAttribution, with_attribute_args
+from captum_attnflow.functional import attention_graph
+from captum_attnflow.functional._checks import as_mask, layer_indices, position_indices
+
+
+class RawAttention(AttentionAttribution):
+    """Raw attention weights as token attributions (the "Raw" rows of the paper's Tables 1-3).
+
+    For layer :math:`l` and position :math:`p` the attribution of token :math:`j` is
+    :math:`A_l[p, j]` with :math:`A_l = \\alpha \\bar W_l + (1 - \\alpha) I` (rows
+    renormalised) and :math:`\\bar W_l` the heads fused. The default
+    ``residual_alpha=1.0`` gives the plain head-averaged attention the paper calls raw
+    attention. Above layer 1 the weights are over hidden embeddings, not input tokens, which
+    is exactly why rollout and flow exist.
+    """
+
+    @with_attribute_args
+    def attribute(
+        self,
+        inputs: Tensor,
+        target: Any = None,
+        additional_forward_args: Any = None,
+        position: int | Tensor = 0,
+        layer: int | None = -1,
+        head_fusion: str = "mean",
+        residual_alpha: float = 1.0,
+        attention_mask: Tensor | None = None,
+    ) -> Tensor:
+        """Attention weights of ``position`` in ``layer`` over the tokens.
+{args}        Returns:
+            Tensor: float32 (B, n) for one layer, (L, B, n) for ``layer=None``, on the
+            inputs' device. Rows sum to 1 over real tokens.
+
+        Example::
+
+            >>> import torch
+            >>> from transformers import BertConfig, BertModel
+            >>> from captum_attnflow import RawAttention
+            >>> model = BertModel(BertConfig(num_hidden_layers=2, hidden_size=32,
+            ...     num_attention_heads=2, intermediate_size=64)).eval()
+            >>> RawAttention(model).attribute(torch.tensor([[101, 7592, 102]]), layer=1).shape
+            torch.Size([1, 3])
+        """
+        attentions = self._attentions(inputs, additional_forward_args, attention_mask)
+        graph = attention_graph(attentions, residual_alpha, head_fusion, attention_mask)
+        positions = position_indices(position, as_mask(attention_mask, *graph.shape[1:3], graph.device))
+        rows = torch.arange(graph.shape[1], device=graph.device)
+        layers = layer_indices(layer, graph.shape[0])
+        weights = graph[layers][:, rows, positions]  # (layers, B, n)
+        return self._on_device(weights[0] if layer is not None else weights, inputs)

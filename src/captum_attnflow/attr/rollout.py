@@ -1,0 +1,56 @@
+"""Attention rollout as a Captum attribution."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor
+
+from captum_attnflow.attr._base import AttentionAttribution, with_attribute_args
+from captum_attnflow.functional import rollout_rows
+
+
+class AttentionRollout(AttentionAttribution):
+    """Attention rollout (Abnar & Zuidema 2020, section 3, equation 1) as token attributions.
+
+    The attribution of input token :math:`j` for position :math:`p` after layer :math:`l` is
+    :math:`(A_l A_{l-1} \\cdots A_1)[p, j]`, the share of token :math:`j` in that
+    representation when token identities mix linearly in proportion to the
+    residual-adjusted attention :math:`A = \\alpha W + (1 - \\alpha) I`. Computed top-down
+    for the explained position only (O(l n^2) per layer), see
+    :func:`captum_attnflow.functional.rollout_rows`; the full maps are
+    :func:`captum_attnflow.functional.rollout`.
+    """
+
+    @with_attribute_args
+    def attribute(
+        self,
+        inputs: Tensor,
+        target: Any = None,
+        additional_forward_args: Any = None,
+        position: int | Tensor = 0,
+        layer: int | None = -1,
+        head_fusion: str = "mean",
+        residual_alpha: float = 0.5,
+        attention_mask: Tensor | None = None,
+    ) -> Tensor:
+        """Rollout of ``position`` after ``layer`` onto the input tokens.
+{args}
+        Returns:
+            Tensor: float32 (B, n) for one layer, (L, B, n) for ``layer=None``, on the
+            inputs' device. Each row sums to 1 over real tokens; padding gets 0.
+
+        Example::
+
+            >>> import torch
+            >>> from transformers import BertConfig, BertModel
+            >>> from captum_attnflow import AttentionRollout
+            >>> model = BertModel(BertConfig(num_hidden_layers=2, hidden_size=32,
+            ...     num_attention_heads=2, intermediate_size=64)).eval()
+            >>> scores = AttentionRollout(model).attribute(torch.tensor([[101, 7592, 102]]))
+            >>> scores.shape
+            torch.Size([1, 3])
+        """
+        attentions = self._attentions(inputs, additional_forward_args, attention_mask)
+        scores = rollout_rows(attentions, position, layer, residual_alpha, head_fusion, attention_mask)
+        return self._on_device(scores, inputs)

@@ -1,0 +1,148 @@
+"""Validation shared by the functional core: attention stacks, masks, layer and position indices."""
+
+from __future__ import annotations
+
+from typing import Sequence, Union
+
+import torch
+from torch import Tensor
+
+Attentions = Union[Tensor, Sequence[Tensor]]
+
+# Rows of a softmax computed in half precision sum to 1 only within a few 1e-4.
+ROW_SUM_ATOL = 5e-3
+
+
+def stack_attentions(attentions: Attentions) -> Tensor:
+    """Stack Hugging Face attentions into one float32 tensor of shape (L, B, H, n, n).
+
+    Accepts what a transformers model returns for ``output_attentions=True`` (a
+    sequence of L tensors (B, H, n, n), row = query) or one (L, B, H, n, n) tensor.
+    """
+    if isinstance(attentions, Tensor):
+        if attentions.dim() != 5:
+            raise ValueError(
+                f"attentions as one tensor must have shape (L, B, H, n, n), got {tuple(attentions.shape)}; "
+                "pass the per-layer tuple a transformers model returns for output_attentions=True, "
+                "or stack it with torch.stack(attentions)."
+            )
+        stacked = attentions
+    else:
+        layers = list(attentions)
+        if not layers:
+            raise ValueError(
+                "attentions is empty: the model returned no attention maps. Call it with "
+                "output_attentions=True and eager attention (sdpa and flash attention return none)."
+            )
+        for index, layer in enumerate(layers):
+            if not isinstance(layer, Tensor) or layer.dim() != 4:
+                shape = tuple(layer.shape) if isinstance(layer, Tensor) else type(layer).__name__
+                raise ValueError(f"attentions[{index}] must be a tensor of shape (B, H, n, n), got {shape}.")
+            if layer.shape != layers[0].shape:
+                raise ValueError(
+                    f"all layers must have the same shape (B, H, n, n); attentions[0] is "
+                    f"{tuple(layers[0].shape)} but attentions[{index}] is {tuple(layer.shape)}."
+                )
+        stacked = torch.stack(layers)
+    n = stacked.shape[-1]
+    if stacked.shape[-2] != n:
+        raise ValueError(f"attention maps must be square (n, n), got {tuple(stacked.shape[-2:])}.")
+    if n == 0:
+        raise ValueError("empty sequence: the inputs have no tokens (n = 0).")
+    return stacked.float()
+
+
+def check_attention_values(stacked: Tensor, mask: Tensor) -> None:
+    """Check that attention rows of real query positions are probability distributions.
+
+    Args:
+        stacked: (L, B, H, n, n) float attentions.
+        mask: (B, n) bool, True on real tokens.
+    """
+    if torch.isnan(stacked).any():
+        raise ValueError(
+            "attentions contain NaN; check the model's inputs (e.g. a row whose keys are all masked)."
+        )
+    if (stacked < -1e-6).any():
+        raise ValueError(f"attentions must be nonnegative, found a minimum of {stacked.min().item():.3g}.")
+    row_sums = stacked.sum(-1)  # (L, B, H, n)
+    real_rows = mask[None, :, None, :].expand_as(row_sums)
+    worst = (row_sums - 1).abs()[real_rows]
+    if worst.numel() and worst.max() > ROW_SUM_ATOL:
+        raise ValueError(
+            f"attention rows must sum to 1 (softmax outputs, row = query); found a row summing to "
+            f"{row_sums[real_rows][worst.argmax()].item():.4g}. Pass post-softmax attention probabilities "
+            "in the transformers layout (B, H, query, key)."
+        )
+
+
+def as_mask(attention_mask: Tensor | None, batch: int, n: int, device: torch.device) -> Tensor:
+    """Return a (B, n) bool mask, True on real tokens; all True when ``attention_mask`` is None."""
+    if attention_mask is None:
+        return torch.ones(batch, n, dtype=torch.bool, device=device)
+    if not isinstance(attention_mask, Tensor):
+        attention_mask = torch.as_tensor(attention_mask)
+    if tuple(attention_mask.shape) != (batch, n):
+        raise ValueError(
+            f"attention_mask must have shape (B, n) = {(batch, n)}, got {tuple(attention_mask.shape)}; "
+            "pass the tokenizer's attention_mask (1 = real token, 0 = padding)."
+        )
+    mask = attention_mask.to(device=device).bool()
+    empty = (~mask.any(-1)).nonzero().flatten()
+    if empty.numel():
+        raise ValueError(f"examples {empty.tolist()} are all padding: attention_mask has no real token there.")
+    return mask
+
+
+def layer_indices(layer: int | None, num_layers: int) -> list[int]:
+    """Turn ``layer`` (1..L, negative from the top, or None for all) into 0-based indices."""
+    if layer is None:
+        return list(range(num_layers))
+    if isinstance(layer, bool) or not isinstance(layer, int):
+        raise TypeError(f"layer must be an int (1..L or negative) or None, got {type(layer).__name__}.")
+    if layer == 0 or not -num_layers <= layer <= num_layers:
+        raise ValueError(
+            f"layer={layer} is out of range for a model with L={num_layers} layers: use 1..{num_layers} "
+            f"(the output of that layer), -1..-{num_layers} from the top, or None for all layers."
+        )
+    return [layer - 1 if layer > 0 else num_layers + layer]
+
+
+def position_indices(position: int | Tensor, mask: Tensor) -> Tensor:
+    """Turn ``position`` (int or (B,) LongTensor, negative counts from n) into a (B,) LongTensor.
+
+    Raises if a position is out of range or falls on a padding token.
+    """
+    batch, n = mask.shape
+    if isinstance(position, Tensor):
+        if position.dim() == 0:
+            position = position.expand(batch)
+        if position.shape != (batch,) or position.dtype.is_floating_point or position.dtype == torch.bool:
+            raise ValueError(
+                f"position as a tensor must be a (B,) = ({batch},) integer tensor, got "
+                f"shape {tuple(position.shape)} and dtype {position.dtype}."
+            )
+        positions = position.to(mask.device, torch.long)
+    elif isinstance(position, int) and not isinstance(position, bool):
+        positions = torch.full((batch,), position, dtype=torch.long, device=mask.device)
+    else:
+        raise TypeError(f"position must be an int or a (B,) LongTensor, got {type(position).__name__}.")
+    if ((positions < -n) | (positions >= n)).any():
+        raise ValueError(f"position {positions.tolist()} is out of range for sequences of n={n} tokens.")
+    positions = positions % n
+    on_padding = ~mask.gather(1, positions[:, None]).squeeze(1)
+    if on_padding.any():
+        bad = on_padding.nonzero().flatten().tolist()
+        raise ValueError(
+            f"position falls on a padding token in examples {bad}; pass a (B,) LongTensor of real positions "
+            "(e.g. attention_mask.sum(1) - 1 for the last real token with right padding)."
+        )
+    return positions
+
+
+def check_residual_alpha(residual_alpha: float) -> None:
+    if not 0.0 <= float(residual_alpha) <= 1.0:
+        raise ValueError(
+            f"residual_alpha must lie in [0, 1] (weight of attention against the residual identity), "
+            f"got {residual_alpha}; the paper uses 0.5."
+        )
