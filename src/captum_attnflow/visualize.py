@@ -1,0 +1,321 @@
+"""Plots of attention-based attributions: layer heatmaps, methods side by side, the attention graph.
+
+Every function returns a :class:`matplotlib.figure.Figure` built without ``pyplot``, so it
+works headless (no display, no global figure state) and shows inline in a notebook. Scores
+are the (L, n) outputs of the attributions with ``layer=None`` for one example, e.g.
+``AttentionRollout(model).attribute(input_ids, layer=None)[:, 0]``.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import networkx as nx
+import numpy as np
+import torch
+from captum.attr import visualization
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from torch import Tensor
+
+from captum_attnflow.functional import attention_graph
+from captum_attnflow.functional._checks import Attentions, stack_attentions
+
+Scores = Tensor | np.ndarray | Sequence[float] | Sequence[Sequence[float]]
+
+# Beyond this many tokens the (L + 1) x n node grid of the attention graph is unreadable.
+MAX_GRAPH_TOKENS = 16
+
+
+def plot_layer_heatmap(
+    scores: Scores,
+    tokens: Sequence[str],
+    ax: Axes | None = None,
+    title: str | None = None,
+    layer_labels: Sequence[str] | None = None,
+    cmap: str = "Blues",
+    colorbar: bool = True,
+) -> Figure:
+    """Heatmap of one method's scores, layers (rows, top layer on top) x tokens (columns).
+
+    The layout of the paper's Figures 2 and 3 (Abnar & Zuidema 2020, section 2): row ``l``
+    holds the attribution of the explained position after layer ``l`` to each input token.
+
+    Args:
+        scores: (L, n) scores, or (n,) for a method with a single output (e.g. blank-out).
+        tokens: the n token strings, the column labels.
+        ax: draw into this axes; a new figure is made when None.
+        title: the axes title.
+        layer_labels: the L row labels, bottom to top; default ``L1`` .. ``L<L>`` (a single
+            row is labelled ``output``).
+        cmap: a matplotlib colormap name.
+        colorbar: add a colorbar (one more axes in the figure).
+
+    Returns:
+        Figure: the figure holding ``ax``.
+
+    Example::
+
+        >>> import torch
+        >>> from captum_attnflow.visualize import plot_layer_heatmap
+        >>> fig = plot_layer_heatmap(torch.rand(6, 4), ["[CLS]", "the", "keys", "to"], title="rollout")
+        >>> len(fig.axes)
+        2
+    """
+    values = _as_layers(scores, "scores")
+    num_layers, n = values.shape
+    _check_tokens(tokens, n)
+    if layer_labels is None:
+        layer_labels = ["output"] if num_layers == 1 else [f"L{index + 1}" for index in range(num_layers)]
+    if len(layer_labels) != num_layers:
+        raise ValueError(f"layer_labels has {len(layer_labels)} labels for {num_layers} rows of scores.")
+    figure, ax = _figure_and_axes(ax, width=0.55 * n + 2.0, height=0.35 * num_layers + 1.4)
+    image = ax.imshow(values, cmap=cmap, aspect="auto", origin="lower", interpolation="nearest")
+    ax.set_xticks(range(n), labels=list(tokens), rotation=45, ha="right")
+    ax.set_yticks(range(num_layers), labels=list(layer_labels))
+    if title is not None:
+        ax.set_title(title)
+    if colorbar:
+        figure.colorbar(image, ax=ax, fraction=0.046, pad=0.03)
+    return figure
+
+
+def plot_methods(
+    scores: Mapping[str, Scores],
+    tokens: Sequence[str],
+    title: str | None = None,
+    cmap: str = "Blues",
+) -> Figure:
+    """Layer heatmaps of several methods side by side, one panel (with its colorbar) per method.
+
+    Each method keeps its own colour scale: raw attention, rollout and flow live on
+    different scales (flow is not normalised to sum to 1), so a shared scale would wash
+    out all but one of them.
+
+    Args:
+        scores: method name -> (L, n) scores (or (n,) for single-output methods) for one example.
+        tokens: the n token strings.
+        title: the figure title.
+        cmap: a matplotlib colormap name.
+
+    Returns:
+        Figure: 2 axes per method (heatmap and colorbar), in the order of ``scores``.
+
+    Example::
+
+        >>> import torch
+        >>> from captum_attnflow.visualize import plot_methods
+        >>> tokens = ["[CLS]", "the", "keys", "to"]
+        >>> fig = plot_methods({"raw": torch.rand(6, 4), "rollout": torch.rand(6, 4)}, tokens)
+        >>> len(fig.axes)
+        4
+    """
+    if not scores:
+        raise ValueError("scores is empty: pass a dict method name -> (L, n) scores.")
+    n = len(tokens)
+    height = 0.35 * max(_rows(values) for values in scores.values()) + 1.8
+    figure = Figure(figsize=(len(scores) * (0.55 * n + 2.4), height), layout="constrained")
+    axes = figure.subplots(1, len(scores), squeeze=False)[0]
+    for ax, (name, values) in zip(axes, scores.items()):
+        plot_layer_heatmap(values, tokens, ax=ax, title=name, cmap=cmap)
+    if title is not None:
+        figure.suptitle(title)
+    return figure
+
+
+def to_visualization_record(
+    scores: Scores,
+    tokens: Sequence[str],
+    pred_prob: float,
+    pred_class: str | int,
+    true_class: str | int | None = None,
+    attr_class: str | int | None = None,
+    convergence_score: float | None = None,
+) -> visualization.VisualizationDataRecord:
+    """One example's token scores as Captum's :class:`VisualizationDataRecord`, for ``visualize_text``.
+
+    Captum colours a word by its importance clipped to [-1, 1], so the scores are divided by
+    their largest absolute value (all-zero scores stay zero); ``attr_score`` is the sum of the
+    unscaled scores, as Captum's tutorials report it.
+
+    Args:
+        scores: (n,) scores of one example, one layer.
+        tokens: the n token strings.
+        pred_prob: probability of the predicted class.
+        pred_class: the predicted class (name or index).
+        true_class: the gold class; defaults to ``pred_class``.
+        attr_class: the class the attribution explains; defaults to ``pred_class``.
+        convergence_score: Captum's convergence delta; None (shown as such) for attention methods.
+
+    Example::
+
+        >>> import torch
+        >>> from captum.attr import visualization
+        >>> from captum_attnflow.visualize import to_visualization_record
+        >>> record = to_visualization_record(torch.tensor([0.1, 0.6, 0.3]), ["the", "keys", "to"],
+        ...                                  pred_prob=0.9, pred_class="plural")
+        >>> record.word_attributions.max().item()
+        1.0
+        >>> html = visualization.format_word_importances(record.raw_input_ids, record.word_attributions)
+    """
+    values = torch.as_tensor(_as_layers(scores, "scores"), dtype=torch.float32)
+    if values.shape[0] != 1:
+        raise ValueError(
+            f"scores must be one example's (n,) scores, got shape {tuple(values.shape)}; "
+            "pick a layer, e.g. scores[-1] for the last one."
+        )
+    values = values[0]
+    _check_tokens(tokens, values.numel())
+    largest = values.abs().max()
+    scaled = values / largest if largest > 0 else values
+    return visualization.VisualizationDataRecord(
+        scaled,
+        float(pred_prob),
+        pred_class,
+        pred_class if true_class is None else true_class,
+        pred_class if attr_class is None else attr_class,
+        float(values.sum()),
+        list(tokens),
+        convergence_score,
+    )
+
+
+def plot_flow_graph(
+    attentions: Attentions,
+    tokens: Sequence[str],
+    scores: Scores | None = None,
+    position: int = 0,
+    example: int = 0,
+    residual_alpha: float = 0.5,
+    head_fusion: str = "mean",
+    min_weight: float = 0.02,
+    ax: Axes | None = None,
+    title: str | None = None,
+) -> Figure:
+    """Draw the layered attention graph of one short input (Abnar & Zuidema 2020, section 3, Figure 1).
+
+    Nodes are the n positions at each of the L + 1 levels (input embeddings at the bottom);
+    the edge from position j at level l - 1 to position i at level l has the weight
+    :math:`A_l[i, j]` of the residual-adjusted attention graph
+    (:func:`captum_attnflow.functional.attention_graph`), drawn with width proportional to
+    it. Attention flow treats these weights as capacities, rollout as proportions. The input
+    nodes are coloured by ``scores``, e.g. the flow values of the explained position, which
+    is ringed at the top level.
+
+    Args:
+        attentions: what a transformers model returns for ``output_attentions=True``: L
+            tensors (B, H, n, n), or one (L, B, H, n, n) tensor.
+        tokens: the n token strings.
+        scores: (n,) values for the input nodes, e.g. ``AttentionFlow(model).attribute(...)[example]``.
+        position: the explained position, ringed at the top level.
+        example: which example of the batch to draw.
+        residual_alpha: the residual weight of the attention graph (the paper's 0.5).
+        head_fusion: ``"mean"`` (the paper's), ``"max"`` or ``"min"``.
+        min_weight: edges lighter than this are left out to keep the drawing readable.
+        ax: draw into this axes; a new figure is made when None.
+        title: the axes title.
+
+    Returns:
+        Figure: the figure holding the drawing (one axes, plus a colorbar when ``scores`` is given).
+
+    Example::
+
+        >>> import torch
+        >>> from captum_attnflow.visualize import plot_flow_graph
+        >>> attentions = torch.softmax(torch.randn(2, 1, 2, 3, 3), -1)
+        >>> fig = plot_flow_graph(attentions, ["[CLS]", "the", "keys"], scores=torch.tensor([0.2, 0.3, 0.5]))
+        >>> len(fig.axes)
+        2
+    """
+    stacked = stack_attentions(attentions)
+    num_layers, batch, _, n, _ = stacked.shape
+    _check_tokens(tokens, n)
+    if n > MAX_GRAPH_TOKENS:
+        raise ValueError(
+            f"the attention graph of {n} tokens is too dense to draw; pass at most {MAX_GRAPH_TOKENS} tokens "
+            "(plot_layer_heatmap shows long inputs)."
+        )
+    if not 0 <= example < batch:
+        raise ValueError(f"example={example} is out of range for a batch of {batch}.")
+    if not -n <= position < n:
+        raise ValueError(f"position={position} is out of range for n={n} tokens.")
+    graph = attention_graph(stacked[:, example : example + 1], residual_alpha, head_fusion)[:, 0].numpy()
+
+    drawing = nx.DiGraph()
+    coordinates = {}
+    for level in range(num_layers + 1):
+        for index in range(n):
+            drawing.add_node((level, index))
+            coordinates[(level, index)] = (index, level)
+    for level in range(1, num_layers + 1):
+        for target in range(n):
+            for source in range(n):
+                weight = float(graph[level - 1, target, source])
+                if weight >= min_weight:
+                    drawing.add_edge((level - 1, source), (level, target), weight=weight)
+
+    figure, ax = _figure_and_axes(ax, width=0.9 * n + 2.5, height=0.8 * num_layers + 1.5)
+    widths = [4.0 * data["weight"] for _, _, data in drawing.edges(data=True)]
+    nx.draw_networkx_edges(
+        drawing, coordinates, ax=ax, width=widths, edge_color="tab:gray", alpha=0.7, arrows=False
+    )
+    upper = [node for node in drawing if node[0] > 0]
+    nx.draw_networkx_nodes(drawing, coordinates, nodelist=upper, ax=ax, node_size=120, node_color="white",
+                           edgecolors="black")
+    inputs = [(0, index) for index in range(n)]
+    if scores is None:
+        nx.draw_networkx_nodes(drawing, coordinates, nodelist=inputs, ax=ax, node_size=220, node_color="white",
+                               edgecolors="black")
+    else:
+        values = _as_layers(scores, "scores")
+        if values.shape != (1, n):
+            raise ValueError(f"scores must be (n,) = ({n},) values for the input nodes, got {values.shape[1:]}.")
+        collection = nx.draw_networkx_nodes(
+            drawing, coordinates, nodelist=inputs, ax=ax, node_size=220, node_color=values[0],
+            cmap="Blues", vmin=min(0.0, values.min()), edgecolors="black",
+        )
+        figure.colorbar(collection, ax=ax, fraction=0.046, pad=0.03)
+    nx.draw_networkx_nodes(drawing, coordinates, nodelist=[(num_layers, position % n)], ax=ax, node_size=260,
+                           node_color="none", edgecolors="tab:red", linewidths=2.0)
+    ax.set_xticks(range(n), labels=list(tokens), rotation=45, ha="right")
+    ax.set_yticks(range(num_layers + 1), labels=["input"] + [f"L{level}" for level in range(1, num_layers + 1)])
+    ax.tick_params(left=True, bottom=True, labelleft=True, labelbottom=True)
+    ax.set_frame_on(False)
+    if title is not None:
+        ax.set_title(title)
+    return figure
+
+
+def _figure_and_axes(ax: Axes | None, width: float, height: float) -> tuple[Figure, Axes]:
+    if ax is not None:
+        return ax.figure, ax
+    figure = Figure(figsize=(width, height), layout="constrained")
+    return figure, figure.add_subplot()
+
+
+def _as_layers(scores: Scores, name: str) -> np.ndarray:
+    """Scores as a float (rows, n) array: (n,) becomes one row; anything else but (L, n) raises."""
+    if isinstance(scores, Tensor):
+        scores = scores.detach().cpu().float().numpy()
+    values = np.asarray(scores, dtype=float)
+    if values.ndim == 1:
+        values = values[None]
+    if values.ndim != 2 or values.shape[1] == 0:
+        raise ValueError(
+            f"{name} must have shape (L, n) or (n,) for one example, got {values.shape}; "
+            "for a batch pick one example, e.g. scores[:, 0] of an (L, B, n) result."
+        )
+    if not np.isfinite(values).all():
+        raise ValueError(f"{name} contain NaN or infinite values.")
+    return values
+
+
+def _rows(scores: Scores) -> int:
+    return _as_layers(scores, "scores").shape[0]
+
+
+def _check_tokens(tokens: Sequence[str], n: int) -> None:
+    if isinstance(tokens, str):
+        raise TypeError("tokens must be a sequence of token strings, not one string; e.g. sentence.split().")
+    if len(tokens) != n:
+        raise ValueError(f"got {len(tokens)} tokens for scores over {n} positions; pass one token per position.")
