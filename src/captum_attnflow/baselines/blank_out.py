@@ -1,0 +1,94 @@
+"""Blank-out: the paper's ablation reference, on Captum's FeatureAblation."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from captum.attr import Attribution, FeatureAblation
+from torch import Tensor
+
+from captum_attnflow.baselines._common import ScoreForward, prepare, resolve_target, token_id, with_token_args
+
+
+class BlankOut(Attribution):
+    """Blank-out (Abnar & Zuidema 2020, section 2, Table 1): replace each token, one at a time,
+    by a blank token and measure the drop in the probability of the target class.
+
+    The score of token :math:`i` is :math:`p(t \\mid x) - p(t \\mid x_{i \\leftarrow \\text{blank}})`
+    with :math:`p = \\mathrm{softmax}` of the model's (B, C) scores and :math:`t` the target
+    (the paper: the correct class; here ``target``, or the predicted class when None).
+    Positive means the token supports the target. Every real token is blanked, special tokens
+    included; exclude them when comparing (``spearman(..., mask=...)``). Built on Captum's
+    ``FeatureAblation`` with one feature per position, so ``perturbations_per_eval``
+    positions of all B examples go through the model in one forward pass.
+
+    Args:
+        forward_func: a Hugging Face model returning logits, or an ``nn.Module`` / callable
+            ``forward_func(inputs, *additional_forward_args)`` returning (B, C) scores.
+        token: the blank: ``"unk"`` (the paper's, default), ``"pad"``, ``"mask"`` (looked up as
+            ``<name>_token_id`` on ``tokenizer``, then on the model's config) or a token id.
+        tokenizer: where to look up ``token`` by name.
+        softmax: apply a softmax to the scores (default); False when ``forward_func`` already
+            returns probabilities.
+    """
+
+    def __init__(
+        self,
+        forward_func: Callable[..., Any],
+        token: int | str = "unk",
+        tokenizer: Any = None,
+        softmax: bool = True,
+    ) -> None:
+        self.scores = ScoreForward(forward_func, probabilities=softmax)
+        super().__init__(self.scores)
+        self.token_id = token_id(forward_func, token, tokenizer)
+
+    def has_convergence_delta(self) -> bool:
+        return False
+
+    @with_token_args
+    def attribute(
+        self,
+        inputs: Tensor,
+        target: Any = None,
+        additional_forward_args: Any = None,
+        attention_mask: Tensor | None = None,
+        perturbations_per_eval: int = 8,
+        show_progress: bool = False,
+    ) -> Tensor:
+        """Drop in the target's probability when each token is blanked out.
+{args}
+            perturbations_per_eval (int, optional): positions blanked per forward pass (each
+                pass holds B times this many sequences), as in Captum. Default: 8.
+            show_progress (bool, optional): Captum's progress bar over the forward passes.
+
+        Returns:
+            Tensor: float32 (B, n) on the inputs' device, padding 0.
+
+        Example::
+
+            >>> import torch
+            >>> from transformers import BertConfig, BertForSequenceClassification
+            >>> from captum_attnflow.baselines import BlankOut
+            >>> model = BertForSequenceClassification(BertConfig(num_hidden_layers=2,
+            ...     hidden_size=32, num_attention_heads=2, intermediate_size=64)).eval()
+            >>> BlankOut(model, token=100).attribute(torch.tensor([[101, 7592, 102]])).shape
+            torch.Size([1, 3])
+        """
+        mask, _, extra_args = prepare(self.scores, inputs, attention_mask, additional_forward_args)
+        target = resolve_target(self.scores, inputs, extra_args, target)
+        # Padding is "blanked" by its own id, which leaves the input unchanged: a drop of 0.
+        blanks = torch.where(mask, torch.full_like(inputs, self.token_id), inputs)
+        positions = torch.arange(inputs.shape[1], device=inputs.device)[None]
+        with torch.no_grad():
+            drops = FeatureAblation(self.scores).attribute(
+                inputs,
+                baselines=blanks,
+                target=target,
+                additional_forward_args=extra_args,
+                feature_mask=positions,
+                perturbations_per_eval=perturbations_per_eval,
+                show_progress=show_progress,
+            )
+        return (drops.float() * mask).to(inputs.device)

@@ -1,0 +1,76 @@
+"""Integrated gradients on the token embeddings, one score per token."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from captum.attr import LayerIntegratedGradients
+from torch import Tensor
+
+from captum_attnflow.baselines._common import EmbeddingGradientAttribution, token_id, with_token_args
+
+
+class TokenIntegratedGradients(EmbeddingGradientAttribution):
+    """Integrated gradients (Sundararajan et al. 2017) on the token embeddings, reduced per token.
+
+    For embeddings :math:`e` of the inputs and :math:`e'` of the baseline tokens, Captum's
+    ``LayerIntegratedGradients`` gives per embedding dimension
+    :math:`(e_{i,d} - e'_{i,d}) \\int_0^1 \\partial f_t(e' + a (e - e')) / \\partial e_{i,d}\\, da`;
+    the token's score is the L2 norm over :math:`d` (``reduce="norm"``) or the sum
+    (``reduce="sum"``, whose total over tokens approximates :math:`f_t(x) - f_t(x')`).
+    """
+
+    @with_token_args
+    def attribute(
+        self,
+        inputs: Tensor,
+        target: Any = None,
+        additional_forward_args: Any = None,
+        attention_mask: Tensor | None = None,
+        baselines: int | str | Tensor = "pad",
+        n_steps: int = 50,
+        method: str = "gausslegendre",
+        internal_batch_size: int | None = None,
+    ) -> Tensor:
+        """Integrated gradients from baseline tokens to ``inputs``, reduced per token.
+{args}
+            baselines (int, str or Tensor, optional): the baseline token id put at every real
+                token (``"pad"`` (default), ``"unk"``, ``"mask"`` looked up on the model's
+                config, or an id), or a (B, n) tensor of baseline token ids. Padding keeps
+                its own id.
+            n_steps, method, internal_batch_size: as in Captum's ``LayerIntegratedGradients``.
+
+        Returns:
+            Tensor: float32 (B, n) on the inputs' device, padding 0.
+
+        Example::
+
+            >>> import torch
+            >>> from transformers import BertConfig, BertForSequenceClassification
+            >>> from captum_attnflow.baselines import TokenIntegratedGradients
+            >>> model = BertForSequenceClassification(BertConfig(num_hidden_layers=2,
+            ...     hidden_size=32, num_attention_heads=2, intermediate_size=64, pad_token_id=0)).eval()
+            >>> TokenIntegratedGradients(model).attribute(torch.tensor([[101, 7592, 102]]), n_steps=8).shape
+            torch.Size([1, 3])
+        """
+        mask, extra_args, target = self._prepare(inputs, target, additional_forward_args, attention_mask)
+        if isinstance(baselines, Tensor):
+            if baselines.shape != inputs.shape:
+                raise ValueError(
+                    f"baselines as a tensor must be token ids shaped like inputs {tuple(inputs.shape)}, "
+                    f"got {tuple(baselines.shape)}."
+                )
+            reference = baselines.to(inputs.device, inputs.dtype)
+        else:
+            reference = torch.where(mask, token_id(self.scores.forward_func, baselines), inputs)
+        integrated = LayerIntegratedGradients(self.scores, self.embedding_layer).attribute(
+            inputs,
+            baselines=reference,
+            target=target,
+            additional_forward_args=extra_args,
+            n_steps=n_steps,
+            method=method,
+            internal_batch_size=internal_batch_size,
+        )
+        return self._tokens(integrated, mask, inputs)

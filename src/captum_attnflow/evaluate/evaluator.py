@@ -1,0 +1,234 @@
+"""Run attribution methods over a dataset and compare them with references, on one or many processes."""
+
+from __future__ import annotations
+
+import inspect
+import os
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+import numpy as np
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from captum_attnflow.evaluate.compare import compare
+from captum_attnflow.evaluate.results import ComparisonResult
+
+
+class Evaluator:
+    """Compare attribution methods with reference methods over a dataset, per example and layer.
+
+    Each entry of ``methods`` and ``references`` (``{name: method}``) is one of
+
+    * an attribution object with ``.attribute(inputs, ...)``: ours or any Captum-style class
+      returning one score per token. It is called as
+      ``method.attribute(input_ids, target=..., attention_mask=..., position=..., layer=None)``,
+      passing only the keyword arguments its ``attribute`` accepts: ``layer=None`` makes
+      :class:`~captum_attnflow.AttentionRollout`, ``AttentionFlow`` and
+      :class:`~captum_attnflow.RawAttention` return (L, B, n), one table column per layer;
+      ``position`` comes from the batch when it has one.
+    * an attribution class, e.g. ``AttentionRollout``: instantiated as ``cls(model)``.
+    * a callable ``method(batch) -> (B, n) or (L, B, n)`` receiving the batch (tensors on the
+      model's device, ``"target"`` added), for anything else, e.g. a fixed layer:
+      ``lambda batch: rollout.attribute(batch["input_ids"], layer=3, attention_mask=batch["attention_mask"])``.
+
+    References must give (B, n). The explained class is ``batch[target]`` (default key
+    ``"labels"``, the paper's "correct class") when the batch has it, else each example's
+    predicted class.
+
+    Args:
+        model: the model the methods explain; batches are moved to its device.
+        methods: ``{name: method}``, the attributions to judge.
+        references: ``{name: method}``, e.g. ``{"blank-out": BlankOut(model), "grad": TokenSaliency(model)}``.
+        exclude_special_tokens: leave out tokens where ``batch["special_tokens_mask"]`` is 1
+            (CLS, SEP) from the correlations; the batch must then carry that mask (tokenizers
+            return it with ``return_special_tokens_mask=True``).
+        target: the batch key holding the explained classes.
+        show_progress: a tqdm bar over the batches (on the main process only).
+
+    Example::
+
+        >>> import torch
+        >>> from transformers import BertConfig, BertForSequenceClassification
+        >>> from captum_attnflow import AttentionRollout, RawAttention
+        >>> from captum_attnflow.baselines import BlankOut
+        >>> from captum_attnflow.evaluate import Evaluator
+        >>> model = BertForSequenceClassification(BertConfig(vocab_size=50, num_hidden_layers=2,
+        ...     hidden_size=32, num_attention_heads=2, intermediate_size=64)).eval()
+        >>> batches = [{"input_ids": torch.randint(5, 50, (4, 8))} for _ in range(2)]
+        >>> result = Evaluator(model, {"raw": RawAttention, "rollout": AttentionRollout},
+        ...     {"blank-out": BlankOut(model, token=1)}, show_progress=False).run(batches)
+        >>> len(result)
+        8
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        methods: Mapping[str, Any],
+        references: Mapping[str, Any],
+        exclude_special_tokens: bool = False,
+        target: str = "labels",
+        show_progress: bool = True,
+    ) -> None:
+        if not isinstance(methods, Mapping) or not isinstance(references, Mapping) or not methods or not references:
+            raise TypeError("methods and references must be non-empty mappings {name: method}.")
+        self.model = model
+        self.methods = {name: self._instantiate(name, method) for name, method in methods.items()}
+        self.references = {name: self._instantiate(name, method) for name, method in references.items()}
+        self.exclude_special_tokens = exclude_special_tokens
+        self.target = target
+        self.show_progress = show_progress
+
+    def run(self, data: Iterable[Mapping[str, Any]], checkpoint: str | Path | None = None, save_every: int = 10) -> ComparisonResult:
+        """Evaluate every batch of ``data`` and return the per-example comparison.
+
+        Args:
+            data: an iterable of batches (a list, a generator, a torch ``DataLoader``), each a
+                dict with ``input_ids`` (B, n), optionally ``attention_mask``, ``labels``,
+                ``position``, ``special_tokens_mask``. Examples are numbered in iteration
+                order, so iterate in a fixed order (``shuffle=False``) to resume or merge.
+            checkpoint: a ``.npz`` path. Scores found there (and in the ``.part<rank>.npz``
+                files an interrupted run leaves) are reused and their batches skipped; the
+                final result is saved there.
+            save_every: write this process's partial scores every this many batches.
+
+        Under ``accelerate launch`` (or any launcher setting ``WORLD_SIZE``), process ``r`` of
+        ``w`` evaluates batches ``r, r + w, ...`` and the per-example scores are gathered, so
+        every process returns the same result as a single-process run.
+        """
+        rank, world = _process_group()
+        done = _load_checkpoint(checkpoint) if checkpoint is not None else ComparisonResult(np.zeros(0, np.int64))
+        done_ids = set(done.example_ids.tolist())
+        parts: list[ComparisonResult] = []
+        offset = 0
+        total = len(data) if hasattr(data, "__len__") else None
+        bar = tqdm(data, total=total, desc="evaluating", disable=not self.show_progress or rank != 0)
+        for index, batch in enumerate(bar):
+            size = _batch_size(batch)
+            ids = np.arange(offset, offset + size)
+            offset += size
+            if index % world != rank or done_ids.issuperset(ids.tolist()):
+                continue
+            parts.append(self.evaluate_batch(batch, example_ids=ids))
+            if checkpoint is not None and len(parts) % save_every == 0:
+                ComparisonResult.merge(parts).save(_part_path(checkpoint, rank))
+        bar.close()
+        mine = ComparisonResult.merge([done, *parts])
+        result = ComparisonResult.merge(_gather(mine)) if world > 1 else mine
+        if checkpoint is not None:
+            _save_final(result, checkpoint, rank, world)
+        return result
+
+    def evaluate_batch(self, batch: Mapping[str, Any], example_ids: Any = None) -> ComparisonResult:
+        """Run every method and reference on one batch and compare them."""
+        batch = self._prepare(batch)
+        attributions = {name: self._attribute(name, method, batch) for name, method in self.methods.items()}
+        references = {name: self._attribute(name, method, batch) for name, method in self.references.items()}
+        exclude = batch.get("special_tokens_mask") if self.exclude_special_tokens else None
+        return compare(attributions, references, mask=batch["attention_mask"], exclude=exclude, example_ids=example_ids)
+
+    def _instantiate(self, name: str, method: Any) -> Any:
+        if inspect.isclass(method):
+            return method(self.model)
+        if not hasattr(method, "attribute") and not callable(method):
+            raise TypeError(
+                f"method {name!r} must have .attribute(inputs, ...), be an attribution class or a callable "
+                f"method(batch) -> scores; got {type(method).__name__}."
+            )
+        return method
+
+    def _prepare(self, batch: Mapping[str, Any]) -> dict:
+        if not isinstance(batch, Mapping) or "input_ids" not in batch:
+            raise TypeError(
+                "each batch must be a dict with 'input_ids' (B, n) and optionally 'attention_mask', 'labels', "
+                f"'position'; got {type(batch).__name__}" + (f" with keys {list(batch)}" if isinstance(batch, Mapping) else "")
+            )
+        device = _device(self.model)
+        prepared = {key: value.to(device) if isinstance(value, Tensor) else value for key, value in batch.items()}
+        if prepared.get("attention_mask") is None:
+            prepared["attention_mask"] = torch.ones_like(prepared["input_ids"])
+        if self.exclude_special_tokens and "special_tokens_mask" not in prepared:
+            raise ValueError(
+                "exclude_special_tokens=True needs batch['special_tokens_mask']: tokenize with "
+                "return_special_tokens_mask=True."
+            )
+        prepared["target"] = prepared.get(self.target)
+        return prepared
+
+    @staticmethod
+    def _attribute(name: str, method: Any, batch: dict) -> Any:
+        if not hasattr(method, "attribute"):
+            return method(batch)
+        accepted = inspect.signature(method.attribute).parameters
+        offered = {
+            "target": batch["target"],
+            "attention_mask": batch["attention_mask"],
+            "position": batch.get("position"),
+            "layer": None,
+        }
+        kwargs = {key: value for key, value in offered.items() if key in accepted}
+        if kwargs.get("position", 0) is None:
+            del kwargs["position"]
+        try:
+            return method.attribute(batch["input_ids"], **kwargs)
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"method {name!r} failed: {error}") from error
+
+
+def _batch_size(batch: Any) -> int:
+    ids = batch.get("input_ids") if isinstance(batch, Mapping) else None
+    if not isinstance(ids, Tensor) or ids.dim() != 2:
+        raise TypeError("each batch must be a dict whose 'input_ids' is a (B, n) tensor of token ids.")
+    return ids.shape[0]
+
+
+def _device(model: Any) -> torch.device:
+    parameter = next(model.parameters(), None) if hasattr(model, "parameters") else None
+    return parameter.device if parameter is not None else torch.device("cpu")
+
+
+def _process_group() -> tuple[int, int]:
+    """(rank, world size); accelerate is only needed when a launcher started several processes."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return 0, 1
+    from accelerate import PartialState
+
+    state = PartialState()
+    return state.process_index, state.num_processes
+
+
+def _gather(result: ComparisonResult) -> list[ComparisonResult]:
+    from accelerate.utils import gather_object
+
+    return gather_object([result])
+
+
+def _part_path(checkpoint: str | Path, rank: int) -> Path:
+    path = _checkpoint_path(checkpoint)
+    return path.with_name(f"{path.stem}.part{rank}.npz")
+
+
+def _checkpoint_path(checkpoint: str | Path) -> Path:
+    path = Path(checkpoint)
+    if path.suffix != ".npz":
+        raise ValueError(f"checkpoint must be a .npz path, got {str(checkpoint)!r}.")
+    return path
+
+
+def _load_checkpoint(checkpoint: str | Path) -> ComparisonResult:
+    path = _checkpoint_path(checkpoint)
+    files = ([path] if path.exists() else []) + sorted(path.parent.glob(f"{path.stem}.part*.npz"))
+    return ComparisonResult.merge(ComparisonResult.load(file) for file in files)
+
+
+def _save_final(result: ComparisonResult, checkpoint: str | Path, rank: int, world: int) -> None:
+    if rank == 0:
+        path = _checkpoint_path(checkpoint)
+        result.save(path)
+    if world > 1:
+        from accelerate import PartialState
+
+        PartialState().wait_for_everyone()
+    _part_path(checkpoint, rank).unlink(missing_ok=True)

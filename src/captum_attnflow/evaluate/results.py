@@ -1,0 +1,178 @@
+"""Per-example comparison scores and their summaries: tables, CSV, plots, save / load / merge."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+
+Key = tuple  # (method, reference, layer): layer 1..L, or None for a method without layers
+
+
+@dataclass
+class ComparisonResult:
+    """Spearman correlations per example for every (method, reference, layer).
+
+    Attributes:
+        example_ids: (N,) int64, the index of each example in the data (what makes results of
+            interrupted or sharded runs mergeable).
+        scores: ``{(method, reference, layer): (N,) float64}``, aligned with ``example_ids``;
+            ``layer`` is 1..L for per-layer methods and None for one-map methods. NaN marks an
+            undefined correlation (constant scores, fewer than 2 tokens, NaN attributions).
+
+    Summaries ignore NaN and report how many there were: mean, std (population, ddof=0),
+    count (defined correlations) and nan_count, per key.
+    """
+
+    example_ids: np.ndarray
+    scores: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.example_ids = np.asarray(self.example_ids, dtype=np.int64)
+        self.scores = {key: np.asarray(value, dtype=np.float64) for key, value in self.scores.items()}
+        for key, value in self.scores.items():
+            if value.shape != self.example_ids.shape:
+                raise ValueError(f"scores {key} have shape {value.shape}, example_ids {self.example_ids.shape}.")
+
+    def __len__(self) -> int:
+        return len(self.example_ids)
+
+    @property
+    def methods(self) -> list[str]:
+        return list(dict.fromkeys(key[0] for key in self.scores))
+
+    @property
+    def references(self) -> list[str]:
+        return list(dict.fromkeys(key[1] for key in self.scores))
+
+    def summary(self) -> list[dict]:
+        """One row per (method, reference, layer): mean, std, count, nan_count."""
+        rows = []
+        for (method, reference, layer), values in self.scores.items():
+            finite = values[~np.isnan(values)]
+            rows.append(
+                dict(
+                    method=method,
+                    reference=reference,
+                    layer=layer,
+                    mean=float(finite.mean()) if finite.size else math.nan,
+                    std=float(finite.std()) if finite.size else math.nan,
+                    count=int(finite.size),
+                    nan_count=int(values.size - finite.size),
+                )
+            )
+        return rows
+
+    def to_markdown(self, digits: int = 2) -> str:
+        """The paper's table layout, one table per reference: methods as rows, layers L1..Ln
+        as columns (a ``score`` column for methods without layers), cells "mean ± std".
+        Undefined correlations are left out of the means and counted under the table."""
+        blocks = []
+        for reference in self.references:
+            rows = [row for row in self.summary() if row["reference"] == reference]
+            layers = sorted({row["layer"] for row in rows if row["layer"] is not None})
+            columns = [f"L{layer}" for layer in layers] + (["score"] if any(r["layer"] is None for r in rows) else [])
+            lines = [
+                f"Spearman correlation with {reference} ({len(self)} examples, mean ± std)",
+                "",
+                "| method | " + " | ".join(columns) + " |",
+                "|---|" + "---|" * len(columns),
+            ]
+            for method in dict.fromkeys(row["method"] for row in rows):
+                cells = {
+                    f"L{row['layer']}" if row["layer"] is not None else "score": f"{row['mean']:.{digits}f} ± {row['std']:.{digits}f}"
+                    for row in rows
+                    if row["method"] == method
+                }
+                lines.append(f"| {method} | " + " | ".join(cells.get(column, "") for column in columns) + " |")
+            undefined: dict = {}
+            for row in rows:
+                if row["nan_count"]:
+                    undefined[row["method"]] = max(undefined.get(row["method"], 0), row["nan_count"])
+            if undefined:
+                worst = ", ".join(f"{method}: {count}" for method, count in undefined.items())
+                lines += [
+                    "",
+                    "Left out as undefined (constant scores, < 2 tokens or NaN; examples, most in any layer): " + worst,
+                ]
+            blocks.append("\n".join(lines))
+        return "\n\n".join(blocks)
+
+    def to_csv(self, path: str | Path) -> None:
+        """Write the summary, one row per (method, reference, layer); layer is empty for one-map methods."""
+        with open(path, "w", newline="") as handle:
+            writer = csv.DictWriter(handle, ["method", "reference", "layer", "mean", "std", "count", "nan_count"])
+            writer.writeheader()
+            for row in self.summary():
+                writer.writerow({**row, "layer": "" if row["layer"] is None else row["layer"]})
+
+    def plot(self, ax=None):
+        """Matplotlib figure, one panel per reference: layers on x, one line per method with a
+        ±std band; methods without layers as a dashed horizontal line and band. Returns the figure."""
+        import matplotlib.pyplot as plt
+
+        references = self.references
+        if ax is None:
+            figure, axes = plt.subplots(1, len(references), figsize=(5 * len(references), 3.5), squeeze=False)
+            axes = list(axes[0])
+        else:
+            axes = list(np.atleast_1d(ax))
+            figure = axes[0].figure
+            if len(axes) != len(references):
+                raise ValueError(f"pass one axes per reference ({len(references)}), got {len(axes)}.")
+        for axes_, reference in zip(axes, references):
+            rows = [row for row in self.summary() if row["reference"] == reference]
+            for index, method in enumerate(dict.fromkeys(row["method"] for row in rows)):
+                color = f"C{index}"
+                mine = sorted((r for r in rows if r["method"] == method), key=lambda r: r["layer"] or 0)
+                mean = np.array([r["mean"] for r in mine])
+                std = np.array([r["std"] for r in mine])
+                if mine[0]["layer"] is None:
+                    axes_.axhline(mean[0], linestyle="--", color=color, label=method)
+                    axes_.axhspan(mean[0] - std[0], mean[0] + std[0], color=color, alpha=0.1)
+                else:
+                    layers = np.array([r["layer"] for r in mine])
+                    axes_.plot(layers, mean, marker="o", color=color, label=method)
+                    axes_.fill_between(layers, mean - std, mean + std, color=color, alpha=0.2)
+                    axes_.set_xticks(layers, [f"L{layer}" for layer in layers])
+            axes_.set_xlabel("layer")
+            axes_.set_ylabel(f"Spearman with {reference}")
+            axes_.set_title(reference)
+            axes_.legend()
+        figure.tight_layout()
+        return figure
+
+    def save(self, path: str | Path) -> None:
+        """Save the per-example scores (``.npz``), to merge or resume later with :meth:`load`."""
+        keys = list(self.scores)
+        arrays = {f"score_{index}": self.scores[key] for index, key in enumerate(keys)}
+        np.savez(path, example_ids=self.example_ids, keys=np.array(json.dumps(keys)), **arrays)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "ComparisonResult":
+        with np.load(path) as data:
+            keys = [tuple(key) for key in json.loads(str(data["keys"]))]
+            return cls(data["example_ids"], {key: data[f"score_{index}"] for index, key in enumerate(keys)})
+
+    @classmethod
+    def merge(cls, results: Iterable["ComparisonResult"]) -> "ComparisonResult":
+        """Join results over disjoint or overlapping example sets (the first one wins on overlap),
+        sorted by example id. All must hold the same (method, reference, layer) keys."""
+        results = [result for result in results if len(result)]
+        if not results:
+            return cls(np.zeros(0, dtype=np.int64), {})
+        keys = list(results[0].scores)
+        for result in results[1:]:
+            if set(result.scores) != set(keys):
+                raise ValueError(
+                    "cannot merge results of different comparisons: keys "
+                    f"{sorted(map(str, set(result.scores) ^ set(keys)))} are in one result only."
+                )
+        ids = np.concatenate([result.example_ids for result in results])
+        unique, first = np.unique(ids, return_index=True)
+        return cls(unique, {key: np.concatenate([r.scores[key] for r in results])[first] for key in keys})
