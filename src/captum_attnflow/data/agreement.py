@@ -1,0 +1,242 @@
+"""A seeded generator of English-like subject-verb number agreement examples (paper, section 2).
+
+The input is a sentence up to its verb, e.g. ``the key to the cabinets`` (label: singular).
+The paper uses the Linzen et al. (2016) dataset, which cannot be downloaded here, so this
+generator builds the same kind of input from a small grammar:
+
+* the subject noun phrase: an ambiguous determiner (``the``, ``my``, ...), optional
+  adjective, the subject noun;
+* an optional modifier after the subject: prepositional phrases (``to the cabinets``,
+  nested up to twice), an object relative clause whose verb agrees with its own subject
+  (``that the man near the cabinet likes``) or a subject relative clause whose verb agrees
+  with the head noun (``that opens the cabinets``), optionally after a prepositional phrase;
+* an optional prefix before the subject: an adverb (``here``), a fronted prepositional
+  phrase (``near the cabinets ,``) or a complement clause whose verb agrees with its own
+  subject (``the men think that``), so the subject is not always the first noun.
+
+Every noun other than the subject whose number differs from the subject's is an agreement
+attractor. The number of attractors is drawn uniformly from ``0..max_attractors``; the other
+nouns take the subject's number. Train and held-out examples are disjoint by construction:
+a sentence belongs to the held-out split iff the CRC32 of its text is divisible by
+:data:`HELD_OUT_MODULUS`.
+"""
+
+from __future__ import annotations
+
+import random
+import zlib
+from dataclasses import dataclass
+
+SINGULAR, PLURAL = 0, 1
+
+NOUNS: tuple[tuple[str, str], ...] = (
+    ("key", "keys"), ("cabinet", "cabinets"), ("dog", "dogs"), ("man", "men"), ("woman", "women"),
+    ("child", "children"), ("mouse", "mice"), ("person", "people"), ("teacher", "teachers"),
+    ("author", "authors"), ("book", "books"), ("table", "tables"), ("friend", "friends"),
+    ("student", "students"), ("painting", "paintings"), ("car", "cars"), ("house", "houses"),
+    ("girl", "girls"), ("boy", "boys"), ("doctor", "doctors"), ("farmer", "farmers"),
+    ("letter", "letters"), ("picture", "pictures"), ("bird", "birds"), ("tree", "trees"),
+    ("garden", "gardens"), ("city", "cities"), ("box", "boxes"), ("lawyer", "lawyers"),
+    ("report", "reports"), ("article", "articles"), ("system", "systems"),
+)
+# Verbs of relative clauses (agreeing with their own subject): (singular, plural).
+VERBS: tuple[tuple[str, str], ...] = (
+    ("likes", "like"), ("sees", "see"), ("admires", "admire"), ("hates", "hate"),
+    ("follows", "follow"), ("visits", "visit"), ("remembers", "remember"), ("opens", "open"),
+)
+# Verbs that take a complement clause: "the men think that ...".
+SAY_VERBS: tuple[tuple[str, str], ...] = (
+    ("says", "say"), ("thinks", "think"), ("believes", "believe"), ("knows", "know"),
+)
+ADJECTIVES: tuple[str, ...] = (
+    "old", "new", "small", "large", "red", "famous", "young", "happy", "quiet", "strange",
+)
+PREPOSITIONS: tuple[str, ...] = (
+    "to", "near", "behind", "from", "with", "on", "under", "beside", "of", "for", "about",
+)
+# Determiners that do not reveal number: the only ones a subject gets, so the noun decides.
+AMBIGUOUS_DETERMINERS: tuple[str, ...] = ("the", "my", "your", "our", "their", "his", "her", "no")
+NUMBER_DETERMINERS: tuple[tuple[str, ...], tuple[str, ...]] = (
+    ("a", "this", "that", "each", "every", "another"),
+    ("these", "those", "many", "several", "two", "few"),
+)
+ADVERBS: tuple[tuple[str, ...], ...] = (
+    ("here",), ("today",), ("perhaps",), ("then",), ("of", "course", ","), ("in", "fact", ","),
+)
+COMPLEMENTIZER = "that"
+
+HELD_OUT_MODULUS = 10
+
+
+@dataclass(frozen=True)
+class AgreementExample:
+    """One input sentence up to its verb, with the verb's number and the ground-truth positions.
+
+    Attributes:
+        words: the sentence up to the verb, no special tokens. In the tokenized input
+            ``[CLS] + words`` the token position of ``words[i]`` is ``i + 1``.
+        label: the verb's number, 0 singular, 1 plural.
+        subject_index: index in ``words`` of the verb's subject (a noun).
+        attractor_indices: indices in ``words`` of the nouns whose number differs from the
+            subject's (agreement attractors), increasing.
+    """
+
+    words: list[str]
+    label: int
+    subject_index: int
+    attractor_indices: tuple[int, ...]
+
+    @property
+    def sentence(self) -> str:
+        return " ".join(self.words)
+
+    @property
+    def num_attractors(self) -> int:
+        return len(self.attractor_indices)
+
+
+def generate_examples(
+    num_examples: int, seed: int = 0, max_attractors: int = 3, split: str = "train"
+) -> list[AgreementExample]:
+    """Generate ``num_examples`` agreement examples, deterministically for a given ``seed``.
+
+    Labels are balanced in expectation and the number of attractors is uniform over
+    ``0..max_attractors``. ``split="train"`` and ``split="test"`` never share a sentence
+    (see the module docstring); the bundled model was trained on ``split="train", seed=0``
+    and is evaluated on ``split="test"``.
+
+    Args:
+        num_examples: how many examples, >= 0.
+        seed: seed of the generator.
+        max_attractors: largest number of attractors, 0 to 3.
+        split: ``"train"`` or ``"test"``.
+
+    Returns:
+        a list of :class:`AgreementExample`.
+
+    Example:
+        >>> example = generate_examples(1, seed=3)[0]
+        >>> example.words[example.subject_index] in {n for pair in NOUNS for n in pair}
+        True
+    """
+    if not isinstance(num_examples, int) or num_examples < 0:
+        raise ValueError(f"num_examples must be a non-negative int, got {num_examples!r}.")
+    if max_attractors not in (0, 1, 2, 3):
+        raise ValueError(f"max_attractors must be 0, 1, 2 or 3, got {max_attractors!r}.")
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}.")
+    rng = random.Random(seed)
+    examples = []
+    while len(examples) < num_examples:
+        example = _example(rng, rng.randint(0, max_attractors))
+        if is_held_out(example.words) == (split == "test"):
+            examples.append(example)
+    return examples
+
+
+def is_held_out(words: list[str]) -> bool:
+    """Whether a sentence belongs to the held-out (``"test"``) split."""
+    return zlib.crc32(" ".join(words).encode()) % HELD_OUT_MODULUS == 0
+
+
+def vocabulary() -> list[str]:
+    """Every word the generator can produce, in a fixed order."""
+    words = [w for pair in NOUNS + VERBS + SAY_VERBS for w in pair]
+    words += [*ADJECTIVES, *PREPOSITIONS, *AMBIGUOUS_DETERMINERS, *NUMBER_DETERMINERS[0], *NUMBER_DETERMINERS[1]]
+    words += [w for adverb in ADVERBS for w in adverb] + [COMPLEMENTIZER, ","]
+    return list(dict.fromkeys(words))
+
+
+class _Noun:
+    """A noun slot whose number is decided after the sentence's shape is known."""
+
+    def __init__(self, is_subject: bool = False):
+        self.is_subject = is_subject
+        self.number = SINGULAR
+
+
+def _example(rng: random.Random, num_attractors: int) -> AgreementExample:
+    # Rejection sampling: draw shapes until one has enough non-subject nouns for the attractors.
+    while True:
+        parts = _sentence_shape(rng)
+        others = [p for p in parts if isinstance(p, _Noun) and not p.is_subject]
+        if len(others) >= num_attractors:
+            break
+    label = rng.randint(0, 1)
+    attractors = set(rng.sample(range(len(others)), num_attractors))
+    for i, noun in enumerate(others):
+        noun.number = 1 - label if i in attractors else label
+    subject = next(p for p in parts if isinstance(p, _Noun) and p.is_subject)
+    subject.number = label
+
+    words: list[str] = []
+    subject_index, attractor_indices = -1, []
+    nouns = {}
+    for part in parts:
+        if isinstance(part, _Noun):
+            nouns[id(part)] = rng.randrange(len(NOUNS))
+            if part.is_subject:
+                subject_index = len(words)
+            elif part.number != label:
+                attractor_indices.append(len(words))
+            words.append(NOUNS[nouns[id(part)]][part.number])
+        elif isinstance(part, tuple):
+            kind, noun = part
+            if kind == "det":
+                words.append(_determiner(rng, noun))
+            else:
+                words.append(rng.choice(VERBS if kind == "verb" else SAY_VERBS)[noun.number])
+        else:
+            words.append(part)
+    return AgreementExample(words, label, subject_index, tuple(attractor_indices))
+
+
+def _determiner(rng: random.Random, noun: _Noun) -> str:
+    if noun.is_subject or rng.random() < 0.5:
+        return rng.choice(AMBIGUOUS_DETERMINERS)
+    return rng.choice(NUMBER_DETERMINERS[noun.number])
+
+
+def _noun_phrase(rng: random.Random, noun: _Noun) -> list:
+    adjective = [rng.choice(ADJECTIVES)] if rng.random() < 0.3 else []
+    return [("det", noun), *adjective, noun]
+
+
+def _prepositional_phrase(rng: random.Random, depth: int) -> list:
+    phrase = [rng.choice(PREPOSITIONS), *_noun_phrase(rng, _Noun())]
+    if depth > 1 and rng.random() < 0.4:
+        phrase += _prepositional_phrase(rng, depth - 1)
+    return phrase
+
+
+def _relative_clause(rng: random.Random, head: _Noun) -> list:
+    if rng.random() < 0.5:
+        inner = _Noun()
+        pp = _prepositional_phrase(rng, 1) if rng.random() < 0.4 else []
+        return [COMPLEMENTIZER, *_noun_phrase(rng, inner), *pp, ("verb", inner)]
+    return [COMPLEMENTIZER, ("verb", head), *_noun_phrase(rng, _Noun())]
+
+
+def _sentence_shape(rng: random.Random) -> list:
+    """Words (str), nouns (:class:`_Noun`) and number-dependent slots (``(kind, noun)``)."""
+    subject = _Noun(is_subject=True)
+    roll = rng.random()
+    if roll < 0.45:
+        prefix = []
+    elif roll < 0.6:
+        prefix = list(rng.choice(ADVERBS))
+    elif roll < 0.8:
+        prefix = [*_prepositional_phrase(rng, 1), ","]
+    else:
+        speaker = _Noun()
+        prefix = [*_noun_phrase(rng, speaker), ("say", speaker), COMPLEMENTIZER]
+    roll = rng.random()
+    if roll < 0.15:
+        modifier = []
+    elif roll < 0.6:
+        modifier = _prepositional_phrase(rng, 3)
+    elif roll < 0.85:
+        modifier = _relative_clause(rng, subject)
+    else:
+        modifier = [*_prepositional_phrase(rng, 1), *_relative_clause(rng, subject)]
+    return [*prefix, *_noun_phrase(rng, subject), *modifier]
