@@ -9,6 +9,7 @@ afterwards, also when the call raises.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from typing import Any, Callable, Iterator
 
 import torch
@@ -31,31 +32,50 @@ def extract_attentions(
     ``forward_func`` may be
 
     * a Hugging Face model: called as ``model(inputs, *additional_forward_args,
-      attention_mask=attention_mask, output_attentions=True)`` with eager attention;
+      attention_mask=attention_mask, output_attentions=True)`` with eager attention. With left
+      padding it also gets ``position_ids`` counted over real tokens, as ``generate`` does, so a
+      padded sentence is encoded exactly as it is alone (models whose position embedding has a
+      ``padding_idx``, like RoBERTa, count positions from the pad token themselves);
     * any ``nn.Module`` (or bound method of one) that contains a Hugging Face model, e.g. a
       classifier or sentence-embedding wrapper: called as
       ``forward_func(inputs, *additional_forward_args)`` while the attentions of its outermost
-      Hugging Face model are captured;
+      Hugging Face model are captured. With padding, the wrapper must pass the mask on to the
+      model itself (e.g. through ``additional_forward_args``); it is an error if it does not;
     * any other callable ``forward_func(inputs, *additional_forward_args)`` that returns the
       attentions: a sequence of (B, H, n, n) tensors, an (L, B, H, n, n) tensor, or an object
       with an ``attentions`` attribute.
 
     Raises:
-        ValueError: the inputs are not on the model's device, or no attentions come back.
+        ValueError: the inputs are not on the model's device, no attentions come back, or a
+            wrapper drops the attention mask of a padded batch.
+
+    Example::
+
+        >>> import torch
+        >>> from transformers import BertConfig, BertModel
+        >>> from captum_attnflow import extract_attentions
+        >>> model = BertModel(BertConfig(num_hidden_layers=2, hidden_size=32,
+        ...     num_attention_heads=2, intermediate_size=64)).eval()
+        >>> attentions = extract_attentions(model, torch.tensor([[101, 7592, 102]]))
+        >>> len(attentions), attentions[0].shape
+        (2, torch.Size([1, 2, 3, 3]))
     """
     args = _as_tuple(additional_forward_args)
     module = _owning_module(forward_func)
     if module is not None:
         _check_device(module, inputs)
+    if attention_mask is not None:
+        attention_mask = torch.as_tensor(attention_mask).to(inputs.device)
     with torch.no_grad():
         if isinstance(forward_func, PreTrainedModel):
             with eager_attention(forward_func):
-                kwargs = {"output_attentions": True}
+                kwargs: dict[str, Any] = {"output_attentions": True}
                 if attention_mask is not None:
                     kwargs["attention_mask"] = attention_mask
+                    kwargs.update(_left_padding_positions(forward_func, attention_mask, len(args)))
                 output = forward_func(inputs, *args, **kwargs)
         elif module is not None and _hf_models(module):
-            output = _captured_attentions(module, lambda: forward_func(inputs, *args))
+            output = _captured_attentions(module, lambda: forward_func(inputs, *args), attention_mask)
         else:
             output = forward_func(inputs, *args)
     return _attentions_of(output)
@@ -82,16 +102,31 @@ def eager_attention(module: nn.Module) -> Iterator[None]:
             config._attn_implementation_internal = saved[key]
 
 
-def _captured_attentions(module: nn.Module, call: Callable[[], Any]) -> tuple[Tensor, ...]:
-    """Call ``call()`` and return the attentions of the outermost Hugging Face model in ``module``."""
+def _captured_attentions(
+    module: nn.Module, call: Callable[[], Any], attention_mask: Tensor | None = None
+) -> tuple[Tensor, ...]:
+    """Call ``call()`` and return the attentions of the outermost Hugging Face model in ``module``.
+
+    With a padded ``attention_mask``, raises if the model is called without a mask.
+    """
     captured: list[Any] = []
     targets = _outermost(_hf_models(module))
     saved = [model.config.output_attentions for model in targets]
+    padded = attention_mask is not None and not bool(attention_mask.bool().all())
+
+    def check_mask(model: nn.Module, args: tuple, kwargs: dict) -> None:
+        if padded and _call_argument(model, args, kwargs, "attention_mask") is None:
+            raise ValueError(
+                f"attention_mask marks padding, but {type(module).__name__} calls its "
+                f"{type(model).__name__} without an attention_mask, so padding would influence real "
+                "tokens; make the wrapper pass the mask on (e.g. through additional_forward_args)."
+            )
 
     def keep_output(_module: nn.Module, _args: Any, output: Any) -> None:
         captured.append(output)
 
-    handles = [model.register_forward_hook(keep_output) for model in targets]
+    handles = [model.register_forward_pre_hook(check_mask, with_kwargs=True) for model in targets]
+    handles += [model.register_forward_hook(keep_output) for model in targets]
     try:
         with eager_attention(module):
             for model in targets:
@@ -108,6 +143,35 @@ def _captured_attentions(module: nn.Module, call: Callable[[], Any]) -> tuple[Te
             "pass the Hugging Face model itself as forward_func."
         )
     return _attentions_of(captured[0])
+
+
+def _left_padding_positions(model: nn.Module, attention_mask: Tensor, num_args: int) -> dict[str, Tensor]:
+    """``position_ids`` counted over real tokens when ``attention_mask`` has left padding, else nothing.
+
+    Without them absolute positions would start on the padding, and a left-padded sentence
+    would be encoded differently from the same sentence alone.
+    """
+    mask = attention_mask.long()
+    real_after = mask.flip(-1).cummax(-1).values.flip(-1)  # 1 where a real token is here or later
+    left_padded = bool((real_after > mask).any())
+    parameters = list(inspect.signature(model.forward).parameters)
+    takes_positions = "position_ids" in parameters and parameters.index("position_ids") >= num_args + 1
+    counts_from_pad_token = any(
+        isinstance(m, nn.Embedding) and m.padding_idx is not None and name.endswith("position_embeddings")
+        for name, m in model.named_modules()
+    )
+    if not left_padded or not takes_positions or counts_from_pad_token:
+        return {}
+    return {"position_ids": (mask.cumsum(-1) - 1).clamp_min(0)}
+
+
+def _call_argument(model: nn.Module, args: tuple, kwargs: dict, name: str) -> Any:
+    """The value ``model.forward`` receives for ``name`` from a call with ``args`` and ``kwargs``."""
+    if name in kwargs:
+        return kwargs[name]
+    parameters = list(inspect.signature(model.forward).parameters)
+    index = parameters.index(name) if name in parameters else len(args)
+    return args[index] if index < len(args) else None
 
 
 def _attentions_of(output: Any) -> tuple[Tensor, ...]:

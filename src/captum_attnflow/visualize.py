@@ -85,6 +85,7 @@ def plot_methods(
     tokens: Sequence[str],
     title: str | None = None,
     cmap: str = "Blues",
+    layer_labels: Mapping[str, Sequence[str]] | None = None,
 ) -> Figure:
     """Layer heatmaps of several methods side by side, one panel (with its colorbar) per method.
 
@@ -97,6 +98,9 @@ def plot_methods(
         tokens: the n token strings.
         title: the figure title.
         cmap: a matplotlib colormap name.
+        layer_labels: method name -> its row labels, bottom to top, for methods whose rows
+            are not layers 1..L (e.g. ``{"flow": ["L6"]}`` for one layer); see
+            :func:`plot_layer_heatmap`.
 
     Returns:
         Figure: 2 axes per method (heatmap and colorbar), in the order of ``scores``.
@@ -117,7 +121,8 @@ def plot_methods(
     figure = Figure(figsize=(len(scores) * (0.55 * n + 2.4), height), layout="constrained")
     axes = figure.subplots(1, len(scores), squeeze=False)[0]
     for ax, (name, values) in zip(axes, scores.items()):
-        plot_layer_heatmap(values, tokens, ax=ax, title=name, cmap=cmap)
+        labels = None if layer_labels is None else layer_labels.get(name)
+        plot_layer_heatmap(values, tokens, ax=ax, title=name, layer_labels=labels, cmap=cmap)
     if title is not None:
         figure.suptitle(title)
     return figure

@@ -15,7 +15,7 @@ import torch
 from captum.attr import Attribution
 from torch import Tensor, nn
 
-from captum_attnflow.extraction import _as_tuple, _hf_models, _outermost, _owning_module
+from captum_attnflow.extraction import _as_tuple, _check_device, _hf_models, _outermost, _owning_module
 from captum_attnflow.functional._checks import as_mask
 
 try:  # transformers is a dependency, but keep the callable path usable without it
@@ -84,12 +84,8 @@ def prepare(
     """Check the inputs and return ``(bool mask (B, n), long mask for the model, Captum's extra args)``."""
     check_token_ids(inputs)
     module = _owning_module(forward.forward_func)
-    parameter = next(module.parameters(), None) if module is not None else None
-    if parameter is not None and parameter.device != inputs.device:
-        raise ValueError(
-            f"inputs are on {inputs.device} but the model is on {parameter.device}; "
-            f"move them with inputs.to({str(parameter.device)!r})."
-        )
+    if module is not None:
+        _check_device(module, inputs)
     mask = as_mask(attention_mask, inputs.shape[0], inputs.shape[1], inputs.device)
     model_mask = mask.long()
     return mask, model_mask, (model_mask, *_as_tuple(additional_forward_args))

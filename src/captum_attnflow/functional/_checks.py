@@ -13,11 +13,12 @@ Attentions = Union[Tensor, Sequence[Tensor]]
 ROW_SUM_ATOL = 5e-3
 
 
-def stack_attentions(attentions: Attentions) -> Tensor:
-    """Stack Hugging Face attentions into one float32 tensor of shape (L, B, H, n, n).
+def attention_layers(attentions: Attentions) -> list[Tensor]:
+    """Validate the shape of Hugging Face attentions and return them as L tensors (B, H, n, n).
 
-    Accepts what a transformers model returns for ``output_attentions=True`` (a
-    sequence of L tensors (B, H, n, n), row = query) or one (L, B, H, n, n) tensor.
+    Accepts what a transformers model returns for ``output_attentions=True`` (a sequence of L
+    tensors (B, H, n, n), row = query) or one (L, B, H, n, n) tensor. Nothing is copied: the
+    result holds the caller's tensors (or views of the one tensor), in their own dtype.
     """
     if isinstance(attentions, Tensor):
         if attentions.dim() != 5:
@@ -26,54 +27,109 @@ def stack_attentions(attentions: Attentions) -> Tensor:
                 "pass the per-layer tuple a transformers model returns for output_attentions=True, "
                 "or stack it with torch.stack(attentions)."
             )
-        stacked = attentions
-    else:
+        layers = list(attentions.unbind(0))
+    elif isinstance(attentions, (list, tuple)):
         layers = list(attentions)
-        if not layers:
+    else:
+        raise TypeError(
+            "attentions must be a sequence of L tensors (B, H, n, n) or one (L, B, H, n, n) tensor, "
+            f"got {type(attentions).__name__}."
+        )
+    if not layers:
+        raise ValueError(
+            "attentions is empty: the model returned no attention maps. Call it with "
+            "output_attentions=True and eager attention (sdpa and flash attention return none)."
+        )
+    for index, layer in enumerate(layers):
+        if not isinstance(layer, Tensor) or layer.dim() != 4:
+            shape = tuple(layer.shape) if isinstance(layer, Tensor) else type(layer).__name__
+            raise ValueError(f"attentions[{index}] must be a tensor of shape (B, H, n, n), got {shape}.")
+        if layer.shape != layers[0].shape:
             raise ValueError(
-                "attentions is empty: the model returned no attention maps. Call it with "
-                "output_attentions=True and eager attention (sdpa and flash attention return none)."
+                f"all layers must have the same shape (B, H, n, n); attentions[0] is "
+                f"{tuple(layers[0].shape)} but attentions[{index}] is {tuple(layer.shape)}."
             )
-        for index, layer in enumerate(layers):
-            if not isinstance(layer, Tensor) or layer.dim() != 4:
-                shape = tuple(layer.shape) if isinstance(layer, Tensor) else type(layer).__name__
-                raise ValueError(f"attentions[{index}] must be a tensor of shape (B, H, n, n), got {shape}.")
-            if layer.shape != layers[0].shape:
-                raise ValueError(
-                    f"all layers must have the same shape (B, H, n, n); attentions[0] is "
-                    f"{tuple(layers[0].shape)} but attentions[{index}] is {tuple(layer.shape)}."
-                )
-        stacked = torch.stack(layers)
-    n = stacked.shape[-1]
-    if stacked.shape[-2] != n:
-        raise ValueError(f"attention maps must be square (n, n), got {tuple(stacked.shape[-2:])}.")
+        if layer.device != layers[0].device:
+            raise ValueError(
+                f"all layers must be on one device; attentions[0] is on {layers[0].device} but "
+                f"attentions[{index}] is on {layer.device}."
+            )
+    batch, heads, rows, n = layers[0].shape
+    if rows != n:
+        raise ValueError(
+            f"attention maps must be square (query, key) = (n, n), got {(rows, n)}; pass self-attention "
+            "maps in the transformers layout (B, H, n, n)."
+        )
     if n == 0:
         raise ValueError("empty sequence: the inputs have no tokens (n = 0).")
-    return stacked.float()
+    if batch == 0 or heads == 0:
+        raise ValueError(f"attentions must have at least one example and one head, got (B, H) = {(batch, heads)}.")
+    if not layers[0].dtype.is_floating_point:
+        raise TypeError(f"attentions must be floating point probabilities, got dtype {layers[0].dtype}.")
+    return layers
 
 
-def check_attention_values(stacked: Tensor, mask: Tensor) -> None:
+def stack_attentions(attentions: Attentions) -> Tensor:
+    """Stack Hugging Face attentions into one float32 tensor of shape (L, B, H, n, n).
+
+    Accepts what a transformers model returns for ``output_attentions=True`` (a
+    sequence of L tensors (B, H, n, n), row = query) or one (L, B, H, n, n) tensor.
+    """
+    if isinstance(attentions, Tensor):
+        attention_layers(attentions)
+        return attentions.float()
+    return torch.stack(attention_layers(attentions)).float()
+
+
+def check_attention_values(attentions: Tensor, mask: Tensor) -> None:
     """Check that attention rows of real query positions are probability distributions.
 
+    Rows of padding queries are not checked: models fill them with anything (uniform, NaN).
+
     Args:
-        stacked: (L, B, H, n, n) float attentions.
+        attentions: (..., B, H, n, n) float attentions, e.g. one layer (B, H, n, n) or a stack
+            (L, B, H, n, n).
         mask: (B, n) bool, True on real tokens.
     """
-    if torch.isnan(stacked).any():
+    # This runs on every layer of every call, next to the model forward it must stay small
+    # against: a matrix-vector product sums the rows at BLAS speed without copying the maps
+    # (torch's own sum(-1) is several times slower on CPU), and the minimum needs a per-row
+    # reduction only where padding rows must be left out.
+    n = attentions.shape[-1]
+    ones = torch.ones(n, dtype=attentions.dtype, device=attentions.device)
+    row_sums = torch.mv(attentions.reshape(-1, n), ones).view(attentions.shape[:-1])  # (..., B, H, n)
+    if bool(mask.all()):
+        row_mins = _minimum(attentions).reshape(1)
+    else:
+        row_mins = attentions.amin(-1).masked_fill(~mask[:, None, :], 0.0)
+    row_sums = row_sums.masked_fill(~mask[:, None, :], 1.0)
+    if not torch.isfinite(row_sums).all():
         raise ValueError(
-            "attentions contain NaN; check the model's inputs (e.g. a row whose keys are all masked)."
+            "attentions contain NaN or infinite values in rows of real tokens; check the model's inputs "
+            "(e.g. a row whose keys are all masked) and its dtype (fp16 overflow)."
         )
-    if (stacked < -1e-6).any():
-        raise ValueError(f"attentions must be nonnegative, found a minimum of {stacked.min().item():.3g}.")
-    row_sums = stacked.sum(-1)  # (L, B, H, n)
-    real_rows = mask[None, :, None, :].expand_as(row_sums)
-    worst = (row_sums - 1).abs()[real_rows]
-    if worst.numel() and worst.max() > ROW_SUM_ATOL:
+    minimum = row_mins.min().item()
+    if minimum < -1e-6:
+        raise ValueError(
+            f"attentions must be nonnegative (post-softmax probabilities), found a minimum of {minimum:.3g}; "
+            "pass attention probabilities, not scores or logits."
+        )
+    deviation = (row_sums - 1).abs()
+    worst = deviation.max().item()
+    if worst > ROW_SUM_ATOL:
         raise ValueError(
             f"attention rows must sum to 1 (softmax outputs, row = query); found a row summing to "
-            f"{row_sums[real_rows][worst.argmax()].item():.4g}. Pass post-softmax attention probabilities "
+            f"{row_sums.flatten()[deviation.argmax()].item():.4g}. Pass post-softmax attention probabilities "
             "in the transformers layout (B, H, query, key)."
         )
+
+
+def _minimum(tensor: Tensor) -> Tensor:
+    # numpy's single-threaded SIMD minimum reads a CPU tensor at memory speed; torch's threaded
+    # reduction is several times slower whenever the cores are shared.
+    if tensor.device.type == "cpu" and tensor.dtype in (torch.float32, torch.float64):
+        return torch.as_tensor(tensor.detach().numpy().min())
+    return tensor.min()
 
 
 def as_mask(attention_mask: Tensor | None, batch: int, n: int, device: torch.device) -> Tensor:

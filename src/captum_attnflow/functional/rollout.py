@@ -12,6 +12,8 @@ product of its edges.
 
 from __future__ import annotations
 
+import bisect
+
 import torch
 from torch import Tensor
 
@@ -51,10 +53,11 @@ def rollout(
         torch.Size([6, 2, 5, 5])
     """
     graph = attention_graph(attentions, residual_alpha, head_fusion, attention_mask)
-    maps = [graph[0]]
-    for layer_matrix in graph[1:]:
-        maps.append(layer_matrix @ maps[-1])
-    return torch.stack(maps)
+    maps = torch.empty_like(graph)
+    maps[0] = graph[0]
+    for index in range(1, graph.shape[0]):
+        torch.matmul(graph[index], maps[index - 1], out=maps[index])
+    return maps
 
 
 def rollout_rows(
@@ -68,8 +71,9 @@ def rollout_rows(
     """Rollout of one position per example onto the input tokens, top-down.
 
     Propagates the row vector :math:`e_p` down through the layers,
-    :math:`r = e_p A_l A_{l-1} \\cdots A_1`, which costs O(l n^2) per layer instead of the
-    O(l n^3) of the full maps.
+    :math:`r_l = e_p A_l A_{l-1} \\cdots A_1`, which costs O(l n^2) per explained layer
+    instead of the O(L n^3) of the full maps. For ``layer=None`` the rows of all layers travel
+    down together, so each :math:`A_l` is read once.
 
     Args:
         attentions: as in :func:`rollout`.
@@ -81,16 +85,22 @@ def rollout_rows(
     Returns:
         (B, n) for one layer, (L, B, n) for ``layer=None``; equal to
         ``rollout(...)[l, b, position[b]]``.
+
+    Example::
+
+        >>> import torch
+        >>> from captum_attnflow.functional import rollout_rows
+        >>> attentions = torch.softmax(torch.randn(6, 2, 8, 5, 5), -1)  # (L, B, H, n, n)
+        >>> rollout_rows(attentions, position=0, layer=None).shape
+        torch.Size([6, 2, 5])
     """
     graph = attention_graph(attentions, residual_alpha, head_fusion, attention_mask)
-    positions = position_indices(position, as_mask(attention_mask, *graph.shape[1:3], graph.device))
-    rows = [_rollout_row(graph[: index + 1], positions) for index in layer_indices(layer, graph.shape[0])]
-    return rows[0] if layer is not None else torch.stack(rows)
-
-
-def _rollout_row(graph: Tensor, positions: Tensor) -> Tensor:
-    """Propagate one-hot rows (B, n) down through the (l, B, n, n) matrices of ``graph``."""
-    row = torch.nn.functional.one_hot(positions, graph.shape[-1]).to(graph.dtype)
-    for layer_matrix in graph.flip(0):
-        row = torch.bmm(row[:, None, :], layer_matrix).squeeze(1)
-    return row
+    num_layers, batch, n, _ = graph.shape
+    positions = position_indices(position, as_mask(attention_mask, batch, n, graph.device))
+    layers = layer_indices(layer, num_layers)
+    # rows[:, k] explains the output of layers[k]; it is multiplied by A_l for every l <= layers[k].
+    rows = torch.nn.functional.one_hot(positions, n).to(graph.dtype)[:, None, :].repeat(1, len(layers), 1)
+    for index in range(layers[-1], -1, -1):
+        first = bisect.bisect_left(layers, index)
+        rows[:, first:] = torch.bmm(rows[:, first:], graph[index])
+    return rows[:, 0] if layer is not None else rows.transpose(0, 1).contiguous()
