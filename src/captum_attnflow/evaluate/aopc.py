@@ -52,7 +52,11 @@ def aopc_comprehensiveness(
             returns probabilities.
 
     Returns:
-        Tensor: float32 (B,) on the inputs' device.
+        Tensor: float32 (B,) on the inputs' device; NaN for a row without candidate tokens.
+
+    A Hugging Face model gets the shortened sequences with their new ``attention_mask``; any
+    other ``forward_func`` gets the ids only, the deleted positions filled with
+    ``pad_token_id`` at the end (per-token ``additional_forward_args`` are refused).
 
     Example::
 
@@ -114,6 +118,13 @@ def _aopc(
 ) -> Tensor:
     forward = ScoreForward(forward_func, probabilities=softmax)
     mask, _, extra_args = prepare(forward, inputs, attention_mask, additional_forward_args)
+    for argument in extra_args[1:]:
+        if isinstance(argument, Tensor) and argument.dim() >= 2 and tuple(argument.shape[:2]) == tuple(inputs.shape):
+            raise ValueError(
+                f"additional_forward_args holds a per-token tensor of shape {tuple(argument.shape)}; deleting "
+                "tokens would misalign it. Pass the attention mask as attention_mask= with a Hugging Face "
+                "model (AOPC rebuilds it), or compute per-token inputs inside forward_func."
+            )
     candidates = mask & ~_bool(exclude, mask, "exclude")
     scores = _scores(attributions, mask)
     fractions = list(fractions)
@@ -127,12 +138,14 @@ def _aopc(
     with torch.no_grad():
         full = _probability(forward, inputs, mask, extra_args, target)
         for fraction in fractions:
-            k = torch.ceil(fraction * candidates.sum(-1)).long()
+            # Rounded first: 0.28 * 25 is 7.000000000000001 in floating point, and 28% of 25 tokens is 7, not 8.
+            k = torch.ceil((float(fraction) * candidates.sum(-1).double()).round(decimals=9)).long()
             top = candidates & (rank < k[:, None])
             kept = (mask & ~candidates) | top if keep_top else mask & ~top
             ids, kept_mask = _delete(inputs, kept, pad_token_id)
             total += full - _probability(forward, ids, kept_mask, (kept_mask.long(), *extra_args[1:]), target)
-    return total / len(fractions)
+    # No candidate token means nothing to delete or keep: undefined, not a perfect 0.
+    return (total / len(fractions)).masked_fill(~candidates.any(-1), math.nan)
 
 
 def _delete(inputs: Tensor, kept: Tensor, pad_token_id: int) -> tuple[Tensor, Tensor]:

@@ -99,6 +99,7 @@ class Evaluator:
         every process returns the same result as a single-process run.
         """
         rank, world = _process_group()
+        _check_not_sharded(data, world)
         done = _load_checkpoint(checkpoint) if checkpoint is not None else ComparisonResult(np.zeros(0, np.int64))
         done_ids = set(done.example_ids.tolist())
         parts: list[ComparisonResult] = []
@@ -113,7 +114,8 @@ class Evaluator:
                 continue
             parts.append(self.evaluate_batch(batch, example_ids=ids))
             if checkpoint is not None and len(parts) % save_every == 0:
-                ComparisonResult.merge(parts).save(_part_path(checkpoint, rank))
+                # `done` goes in too: this file replaces the one it may have been loaded from.
+                ComparisonResult.merge([done, *parts]).save(_part_path(checkpoint, rank))
         bar.close()
         mine = ComparisonResult.merge([done, *parts])
         result = ComparisonResult.merge(_gather(mine)) if world > 1 else mine
@@ -197,6 +199,20 @@ def _process_group() -> tuple[int, int]:
 
     state = PartialState()
     return state.process_index, state.num_processes
+
+
+def _check_not_sharded(data: Any, world: int) -> None:
+    """Refuse a DataLoader that ``accelerator.prepare`` already split: the Evaluator shards by
+    itself, and numbers examples by their place in the full data."""
+    if world <= 1:
+        return
+    from accelerate.data_loader import DataLoaderDispatcher, DataLoaderShard
+
+    if isinstance(data, (DataLoaderShard, DataLoaderDispatcher)):
+        raise ValueError(
+            "data is a DataLoader prepared by accelerate (already split across processes); pass the "
+            "original DataLoader: Evaluator.run shards the batches itself and gathers the scores."
+        )
 
 
 def _gather(result: ComparisonResult) -> list[ComparisonResult]:
