@@ -94,11 +94,15 @@ class Evaluator:
                 final result is saved there.
             save_every: write this process's partial scores every this many batches.
 
-        Under ``accelerate launch`` (or any launcher setting ``WORLD_SIZE``), process ``r`` of
-        ``w`` evaluates batches ``r, r + w, ...`` and the per-example scores are gathered, so
-        every process returns the same result as a single-process run.
+        Under ``accelerate launch --multi_gpu --num_processes w script.py`` (or ``torchrun``, any
+        launcher setting ``WORLD_SIZE``), process ``r`` of ``w`` evaluates batches
+        ``r, r + w, ...`` and the per-example scores are gathered, so every process returns
+        the same result as a single-process run. Move the model to ``accelerator.device``
+        (``PartialState().device``) first; a model on the CPU joins the processes over gloo, so
+        the same command spreads the work over CPU cores on a machine without GPUs. Pass
+        ``data`` itself, not ``accelerator.prepare(data)``: the Evaluator shards it.
         """
-        rank, world = _process_group()
+        rank, world = _process_group(_device(self.model))
         _check_not_sharded(data, world)
         done = _load_checkpoint(checkpoint) if checkpoint is not None else ComparisonResult(np.zeros(0, np.int64))
         done_ids = set(done.example_ids.tolist())
@@ -191,13 +195,22 @@ def _device(model: Any) -> torch.device:
     return parameter.device if parameter is not None else torch.device("cpu")
 
 
-def _process_group() -> tuple[int, int]:
+def _process_group(device: torch.device) -> tuple[int, int]:
     """(rank, world size); accelerate is only needed when a launcher started several processes."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
         return 0, 1
     from accelerate import PartialState
 
-    state = PartialState()
+    # accelerate joins CPU processes (gloo) only when asked to; without cpu=True every process
+    # would run alone and evaluate all the data. An existing Accelerator's state is kept.
+    state = PartialState(cpu=device.type == "cpu")
+    if state.num_processes != world:
+        raise RuntimeError(
+            f"the launcher started {world} processes but accelerate set up {state.num_processes} "
+            f"({state.distributed_type}), e.g. an Accelerator() made earlier without cpu=True on a "
+            "machine without GPUs: create it with Accelerator(cpu=True), or none at all."
+        )
     return state.process_index, state.num_processes
 
 
