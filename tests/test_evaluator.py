@@ -163,8 +163,8 @@ def test_bad_input_gets_clear_errors():
         evaluator.run([batch], checkpoint="scores.csv")
     padded = dict(batch, attention_mask=mask.clone())
     padded["attention_mask"][1] = 0
-    with pytest.raises(ValueError, match=r"method 'raw' failed: examples \[1\] are all padding"):
-        evaluator.run([padded])
+    with pytest.raises(ValueError, match=r"batch 1 \(examples 4\.\.7\): method 'raw' failed: examples \[1\] are all padding"):
+        evaluator.run([batch, padded])
     with pytest.raises(ValueError, match="special_tokens_mask"):
         Evaluator(model, {"raw": RawAttention}, grad, exclude_special_tokens=True, show_progress=False).run([batch])
     with pytest.raises(ValueError, match=r"reference 'raw' must be \(B, n\)"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import os
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 import torch
@@ -116,7 +116,10 @@ class Evaluator:
             offset += size
             if index % world != rank or done_ids.issuperset(ids.tolist()):
                 continue
-            parts.append(self.evaluate_batch(batch, example_ids=ids))
+            try:
+                parts.append(self.evaluate_batch(batch, example_ids=ids))
+            except (TypeError, ValueError) as error:
+                raise type(error)(f"batch {index} (examples {ids[0]}..{ids[-1]}): {error}") from error
             if checkpoint is not None and len(parts) % save_every == 0:
                 # `done` goes in too: this file replaces the one it may have been loaded from.
                 ComparisonResult.merge([done, *parts]).save(_part_path(checkpoint, rank))
