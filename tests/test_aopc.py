@@ -85,7 +85,7 @@ def test_target_none_is_the_predicted_class_and_int_target_broadcasts():
     )
 
 
-def test_rows_without_candidates_are_nan_and_the_model_is_unchanged():
+def test_undefined_rows_are_nan_and_the_model_is_unchanged():
     model = make_classifier()
     model.classifier.requires_grad_(False)
     before = model_state(model)
@@ -94,6 +94,10 @@ def test_rows_without_candidates_are_nan_and_the_model_is_unchanged():
     exclude[1] = True
     scores = aopc_comprehensiveness(model, ids, torch.rand(3, 6), attention_mask=mask, exclude=exclude)
     assert torch.isnan(scores).tolist() == [False, True, False]
+    everything = aopc_comprehensiveness(model, ids, torch.rand(3, 6), attention_mask=mask, exclude=exclude, fractions=(0.5, 1.0))
+    assert torch.isnan(everything).all()  # 100% leaves no token (rows 0, 2) or there is no candidate (row 1)
+    kept_all = aopc_sufficiency(model, ids, torch.rand(3, 6), attention_mask=mask, fractions=(1.0,))
+    torch.testing.assert_close(kept_all, torch.zeros(3))
     assert model_state(model) == before
 
 

@@ -52,7 +52,9 @@ def aopc_comprehensiveness(
             returns probabilities.
 
     Returns:
-        Tensor: float32 (B,) on the inputs' device; NaN for a row without candidate tokens.
+        Tensor: float32 (B,) on the inputs' device; NaN for a row without candidate tokens
+        or one that some fraction would delete entirely (e.g. ``1.0`` without ``exclude``).
+        Tied attributions are ranked by position, earlier first.
 
     A Hugging Face model gets the shortened sequences with their new ``attention_mask``; any
     other ``forward_func`` gets the ids only, the deleted positions filled with
@@ -135,6 +137,9 @@ def _aopc(
     order = scores.masked_fill(~candidates, -math.inf).argsort(dim=-1, descending=True, stable=True)
     rank = torch.empty_like(order).scatter_(1, order, torch.arange(inputs.shape[1], device=inputs.device).expand_as(order))
     total = torch.zeros(inputs.shape[0], device=inputs.device)
+    # No candidate means nothing to delete or keep, and no token left means no input to judge:
+    # both undefined, reported as NaN rather than as a perfect 0 or a prediction on nothing.
+    undefined = ~candidates.any(-1)
     with torch.no_grad():
         full = _probability(forward, inputs, mask, extra_args, target)
         for fraction in fractions:
@@ -142,10 +147,10 @@ def _aopc(
             k = torch.ceil((float(fraction) * candidates.sum(-1).double()).round(decimals=9)).long()
             top = candidates & (rank < k[:, None])
             kept = (mask & ~candidates) | top if keep_top else mask & ~top
+            undefined |= ~kept.any(-1)
             ids, kept_mask = _delete(inputs, kept, pad_token_id)
             total += full - _probability(forward, ids, kept_mask, (kept_mask.long(), *extra_args[1:]), target)
-    # No candidate token means nothing to delete or keep: undefined, not a perfect 0.
-    return (total / len(fractions)).masked_fill(~candidates.any(-1), math.nan)
+    return (total / len(fractions)).masked_fill(undefined, math.nan)
 
 
 def _delete(inputs: Tensor, kept: Tensor, pad_token_id: int) -> tuple[Tensor, Tensor]:
