@@ -45,6 +45,10 @@ def extract_attentions(
       attentions: a sequence of (B, H, n, n) tensors, an (L, B, H, n, n) tensor, or an object
       with an ``attentions`` attribute.
 
+    Modules run in eval mode for the call (attention dropout would make the maps random and
+    their rows not sum to 1); each submodule's mode, the forward hooks and the attention
+    implementation are restored afterwards, also when the call raises.
+
     Raises:
         ValueError: the inputs are not on the model's device, no attentions come back, or a
             wrapper drops the attention mask of a padded batch.
@@ -68,14 +72,15 @@ def extract_attentions(
         attention_mask = torch.as_tensor(attention_mask).to(inputs.device)
     with torch.no_grad():
         if isinstance(forward_func, PreTrainedModel):
-            with eager_attention(forward_func):
+            with eager_attention(forward_func), _unchanged(forward_func):
                 kwargs: dict[str, Any] = {"output_attentions": True}
                 if attention_mask is not None:
                     kwargs["attention_mask"] = attention_mask
                     kwargs.update(_left_padding_positions(forward_func, attention_mask, len(args)))
                 output = forward_func(inputs, *args, **kwargs)
         elif module is not None and _hf_models(module):
-            output = _captured_attentions(module, lambda: forward_func(inputs, *args), attention_mask)
+            with _unchanged(module):
+                output = _captured_attentions(module, lambda: forward_func(inputs, *args), attention_mask)
         else:
             output = forward_func(inputs, *args)
     return _attentions_of(output)
@@ -100,6 +105,44 @@ def eager_attention(module: nn.Module) -> Iterator[None]:
         # restores exactly what was there.
         for key, config in configs.items():
             config._attn_implementation_internal = saved[key]
+
+
+_HOOK_DICTS = (
+    "_forward_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+    "_forward_pre_hooks",
+    "_forward_pre_hooks_with_kwargs",
+)
+_HOOKS_INSTALLED = "_output_capturing_hooks_installed"
+
+
+@contextlib.contextmanager
+def _unchanged(module: nn.Module) -> Iterator[None]:
+    """Run the block with ``module`` in eval mode; restore modes and forward hooks on exit.
+
+    The first time a transformers 5 model is asked for attentions it installs output-capturing
+    hooks on its layers and keeps them (flagged by ``_output_capturing_hooks_installed``); the
+    user's model must come back with exactly the hooks it had, also after an exception.
+    """
+    modules = list(module.modules())
+    modes = [m.training for m in modules]
+    hooks = [{name: set(getattr(m, name, {})) for name in _HOOK_DICTS} for m in modules]
+    flags = [m.__dict__.get(_HOOKS_INSTALLED) for m in modules]
+    module.eval()
+    try:
+        yield
+    finally:
+        for m, mode, before, flag in zip(modules, modes, hooks, flags):
+            m.training = mode
+            for name, keys in before.items():
+                added = getattr(m, name, {})
+                for key in [key for key in added if key not in keys]:
+                    del added[key]
+            if flag is None:
+                m.__dict__.pop(_HOOKS_INSTALLED, None)
+            else:
+                m.__dict__[_HOOKS_INSTALLED] = flag
 
 
 def _captured_attentions(

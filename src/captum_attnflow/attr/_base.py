@@ -43,7 +43,16 @@ class AttentionAttribution(Attribution):
                 f"inputs must be integer token ids, got dtype {inputs.dtype}; these methods explain "
                 "tokens, so pass input_ids rather than embeddings."
             )
-        return extract_attentions(self.forward_func, inputs, additional_forward_args, attention_mask)
+        attentions = extract_attentions(self.forward_func, inputs, additional_forward_args, attention_mask)
+        first = attentions[0]
+        batch, n = inputs.shape
+        if first.dim() != 4 or first.shape[0] != batch or tuple(first.shape[-2:]) != (n, n):
+            raise ValueError(
+                f"forward_func returned attentions of shape {tuple(first.shape)} for inputs of shape "
+                f"{(batch, n)}; expected one (B, H, n, n) = ({batch}, H, {n}, {n}) tensor per layer, "
+                "row = query, as transformers returns for output_attentions=True."
+            )
+        return attentions
 
     @staticmethod
     def _on_device(attributions: Tensor, inputs: Tensor) -> Tensor:

@@ -90,29 +90,35 @@ def check_attention_values(attentions: Tensor, mask: Tensor) -> None:
         attentions: (..., B, H, n, n) float attentions, e.g. one layer (B, H, n, n) or a stack
             (L, B, H, n, n).
         mask: (B, n) bool, True on real tokens.
+
+    Raises:
+        ValueError: a row of a real token holds NaN or infinite values, negative entries, or
+            does not sum to 1.
     """
-    # This runs on every layer of every call, next to the model forward it must stay small
-    # against: a matrix-vector product sums the rows at BLAS speed without copying the maps
-    # (torch's own sum(-1) is several times slower on CPU), and the minimum needs a per-row
-    # reduction only where padding rows must be left out.
-    n = attentions.shape[-1]
-    ones = torch.ones(n, dtype=attentions.dtype, device=attentions.device)
-    row_sums = torch.mv(attentions.reshape(-1, n), ones).view(attentions.shape[:-1])  # (..., B, H, n)
-    if bool(mask.all()):
-        row_mins = _minimum(attentions).reshape(1)
-    else:
-        row_mins = attentions.amin(-1).masked_fill(~mask[:, None, :], 0.0)
-    row_sums = row_sums.masked_fill(~mask[:, None, :], 1.0)
+    check_row_statistics(attentions.sum(-1), attentions.clamp(max=0).sum(-1), mask)
+
+
+def check_row_statistics(row_sums: Tensor, negative_sums: Tensor, mask: Tensor) -> None:
+    """The checks of :func:`check_attention_values` on precomputed per-row statistics.
+
+    Args:
+        row_sums: (..., B, H, n), the sum of each attention row.
+        negative_sums: (..., B, H, n), the sum of each row's negative entries (0 when there
+            are none).
+        mask: (B, n) bool, True on real tokens; padding rows are not checked.
+    """
+    padding = ~mask[:, None, :]
+    row_sums = row_sums.masked_fill(padding, 1.0)
     if not torch.isfinite(row_sums).all():
         raise ValueError(
             "attentions contain NaN or infinite values in rows of real tokens; check the model's inputs "
             "(e.g. a row whose keys are all masked) and its dtype (fp16 overflow)."
         )
-    minimum = row_mins.min().item()
-    if minimum < -1e-6:
+    negative = negative_sums.masked_fill(padding, 0.0).min().item()
+    if negative < -1e-6:
         raise ValueError(
-            f"attentions must be nonnegative (post-softmax probabilities), found a minimum of {minimum:.3g}; "
-            "pass attention probabilities, not scores or logits."
+            f"attentions must be nonnegative (post-softmax probabilities), found a row whose negative "
+            f"entries sum to {negative:.3g}; pass attention probabilities, not scores or logits."
         )
     deviation = (row_sums - 1).abs()
     worst = deviation.max().item()
@@ -122,14 +128,6 @@ def check_attention_values(attentions: Tensor, mask: Tensor) -> None:
             f"{row_sums.flatten()[deviation.argmax()].item():.4g}. Pass post-softmax attention probabilities "
             "in the transformers layout (B, H, query, key)."
         )
-
-
-def _minimum(tensor: Tensor) -> Tensor:
-    # numpy's single-threaded SIMD minimum reads a CPU tensor at memory speed; torch's threaded
-    # reduction is several times slower whenever the cores are shared.
-    if tensor.device.type == "cpu" and tensor.dtype in (torch.float32, torch.float64):
-        return torch.as_tensor(tensor.detach().numpy().min())
-    return tensor.min()
 
 
 def as_mask(attention_mask: Tensor | None, batch: int, n: int, device: torch.device) -> Tensor:

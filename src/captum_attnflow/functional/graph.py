@@ -14,7 +14,9 @@ positions of layer :math:`l - 1`.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
+from numba import njit
 from torch import Tensor
 
 from captum_attnflow.functional._checks import (
@@ -23,6 +25,7 @@ from captum_attnflow.functional._checks import (
     attention_layers,
     check_attention_values,
     check_residual_alpha,
+    check_row_statistics,
 )
 
 HEAD_FUSIONS = ("mean", "max", "min")
@@ -32,12 +35,7 @@ def fuse_heads(attentions: Tensor, head_fusion: str = "mean") -> Tensor:
     """Fuse the heads of (..., H, n, n) attentions into (..., n, n) by ``mean``, ``max`` or ``min``."""
     check_head_fusion(head_fusion)
     if head_fusion == "mean":
-        # A vector-matrix product over the flattened maps reads them once at BLAS speed;
-        # mean(-3), a reduction over a middle axis, is several times slower on CPU.
-        *batch, heads, n, _ = attentions.shape
-        flat = attentions.reshape(-1, heads, n * n)
-        weights = torch.full((flat.shape[0], 1, heads), 1.0 / heads, dtype=flat.dtype, device=flat.device)
-        return torch.bmm(weights, flat).view(*batch, n, n)
+        return attentions.mean(-3)
     if head_fusion == "max":
         return attentions.amax(-3)
     return attentions.amin(-3)
@@ -87,18 +85,87 @@ def attention_graph(
     mask = as_mask(attention_mask, batch, n, device)
     check_head_fusion(head_fusion)
     check_residual_alpha(residual_alpha)
-    # Layer by layer rather than on a stacked copy: each (B, H, n, n) map is checked and fused
-    # while it is still in cache, and only the fused (L, B, n, n) graph is ever allocated.
     graph = torch.empty(len(layers), batch, n, n, dtype=torch.float32, device=device)
+    if device.type == "cpu" and not any(layer.requires_grad for layer in layers):
+        for index, layer in enumerate(layers):
+            _compiled_graph_layer(layer.float(), mask, head_fusion, residual_alpha, graph[index])
+        return graph
+    # Layer by layer rather than on a stacked copy: only the fused (L, B, n, n) graph is allocated.
     for index, layer in enumerate(layers):
         layer = layer.float()
         check_attention_values(layer, mask)
         graph[index] = fuse_heads(layer, head_fusion)
     if not mask.all():
         keep = mask[:, :, None] & mask[:, None, :]  # (B, n, n): real query and real key
-        graph *= keep
+        graph = graph * keep
         return add_residual(graph, residual_alpha) * keep
     return add_residual(graph, residual_alpha)
+
+
+def _compiled_graph_layer(layer: Tensor, mask: Tensor, head_fusion: str, residual_alpha: float, out: Tensor) -> None:
+    """One layer of :func:`attention_graph` for CPU tensors without gradients, written into ``out`` (B, n, n).
+
+    The same checks and maths as the torch ops above, in one pass over the attentions.
+    """
+    batch, heads, n, _ = layer.shape
+    row_sums = np.empty((batch, heads, n), dtype=np.float32)
+    negative_sums = np.empty((batch, heads, n), dtype=np.float32)
+    _graph_layer_kernel(
+        layer.contiguous().numpy(),
+        mask.numpy(),
+        HEAD_FUSIONS.index(head_fusion),
+        float(residual_alpha),
+        out.numpy(),
+        row_sums,
+        negative_sums,
+    )
+    check_row_statistics(torch.from_numpy(row_sums), torch.from_numpy(negative_sums), mask)
+
+
+# Attentions are far larger than anything else here (144 MiB for BERT-base at n=512), so the
+# graph costs about as much as reading them once. Torch needs a pass each for the row sums, the
+# negativity check and the head fusion, and more for residual mixing on the (L, B, n, n) result;
+# this kernel reads the H rows of a query from memory once for the checks, fuses them from
+# cache, and mixes in the residual while the fused row is still in cache. One thread already
+# runs at memory speed, and a thread pool would compete with torch's.
+@njit(cache=True, fastmath={"reassoc", "contract", "nsz", "arcp"})
+def _graph_layer_kernel(layer, mask, fusion, alpha, out, row_sums, negative_sums):  # pragma: no cover
+    batch, heads, n, _ = layer.shape
+    for b in range(batch):
+        for i in range(n):
+            for h in range(heads):
+                row = layer[b, h, i]
+                total = np.float32(0.0)
+                negative = np.float32(0.0)
+                for j in range(n):
+                    value = row[j]
+                    total += value
+                    negative += min(value, np.float32(0.0))
+                row_sums[b, h, i] = total
+                negative_sums[b, h, i] = negative
+            fused = out[b, i]
+            if not mask[b, i]:
+                fused[:] = 0.0
+                continue
+            fused[:] = layer[b, 0, i]
+            for h in range(1, heads):
+                row = layer[b, h, i]
+                if fusion == 0:
+                    for j in range(n):
+                        fused[j] += row[j]
+                elif fusion == 1:
+                    for j in range(n):
+                        fused[j] = max(fused[j], row[j])
+                else:
+                    for j in range(n):
+                        fused[j] = min(fused[j], row[j])
+            scale = alpha / heads if fusion == 0 else alpha
+            for j in range(n):
+                fused[j] = fused[j] * scale if mask[b, j] else np.float32(0.0)
+            fused[i] += 1.0 - alpha
+            total = fused.sum()
+            if total > 0:
+                fused /= total
 
 
 def _renormalise_rows(matrix: Tensor) -> Tensor:

@@ -1,0 +1,167 @@
+import pytest
+import torch
+from torch import nn
+
+from _classifier import FirstTokenClassifier, model_state
+from captum_attnflow import eager_attention, extract_attentions
+from conftest import make_tiny_model
+
+IDS = torch.tensor([[5, 9, 13, 22, 7, 30], [6, 8, 10, 11, 12, 14]])
+
+
+def full_state(model):
+    """model_state plus what extraction touches besides: output_attentions of every config."""
+    configs = [getattr(m, "config", None) for m in model.modules()]
+    return model_state(model), [c.output_attentions for c in configs if c is not None]
+
+
+def eager_attentions(arch, ids, **kwargs):
+    model = make_tiny_model(arch, attn_implementation="eager")
+    with torch.no_grad():
+        return model(ids, output_attentions=True, **kwargs).attentions
+
+
+def test_sdpa_model_gives_the_eager_models_attentions_and_is_left_unchanged(arch):
+    model = make_tiny_model(arch)
+    assert model.config._attn_implementation == "sdpa"
+    with torch.no_grad():  # the problem extraction solves: sdpa returns no attentions
+        assert not model(IDS, output_attentions=True).attentions
+    before = full_state(model)
+    attentions = extract_attentions(model, IDS)
+    assert len(attentions) == 3 and attentions[0].shape == (2, 4, 6, 6)
+    for ours, reference in zip(attentions, eager_attentions(arch, IDS)):
+        torch.testing.assert_close(ours, reference)
+    assert full_state(model) == before
+    assert model.config._attn_implementation == "sdpa"
+
+
+def test_output_capturing_hooks_of_transformers_are_removed_and_reinstalled_when_needed(arch):
+    model = make_tiny_model(arch)
+    before = full_state(model)
+    first = extract_attentions(model, IDS)
+    assert full_state(model) == before
+    second = extract_attentions(model, IDS)
+    for a, b in zip(first, second):
+        torch.testing.assert_close(a, b)
+    model.set_attn_implementation("eager")
+    with torch.no_grad():  # the model's own capturing still works after ours
+        assert len(model(IDS, output_attentions=True).attentions) == 3
+
+
+def test_model_is_restored_when_the_forward_raises():
+    model = make_tiny_model("bert")
+    model.train()
+    model.embeddings.word_embeddings.weight.requires_grad_(False)
+    handle = model.register_forward_hook(lambda *args: None)
+    before = full_state(model)
+    with pytest.raises(IndexError):
+        extract_attentions(model, torch.tensor([[5, 500]]))  # id beyond the vocabulary
+    assert full_state(model) == before
+    assert model.training and model.config._attn_implementation == "sdpa"
+    handle.remove()
+
+
+def test_eager_attention_switches_and_restores_every_submodel():
+    wrapper = FirstTokenClassifier("bert")
+    with eager_attention(wrapper):
+        assert wrapper.encoder.config._attn_implementation == "eager"
+    assert wrapper.encoder.config._attn_implementation == "sdpa"
+    with pytest.raises(RuntimeError, match="inside"):
+        with eager_attention(wrapper):
+            raise RuntimeError("inside")
+    assert wrapper.encoder.config._attn_implementation == "sdpa"
+
+
+def test_nn_module_wrapper_captures_its_models_attentions(arch):
+    wrapper = FirstTokenClassifier(arch)
+    before = full_state(wrapper)
+    mask = torch.ones_like(IDS)
+    attentions = extract_attentions(wrapper, IDS, additional_forward_args=(mask,), attention_mask=mask)
+    for ours, reference in zip(attentions, eager_attentions(arch, IDS, attention_mask=mask)):
+        torch.testing.assert_close(ours, reference)
+    assert full_state(wrapper) == before
+
+
+def test_wrapper_that_drops_the_mask_of_a_padded_batch_is_an_error():
+    wrapper = FirstTokenClassifier("bert")
+    mask = torch.ones_like(IDS)
+    mask[1, 4:] = 0
+    with pytest.raises(ValueError, match="calls its BertModel without an attention_mask"):
+        extract_attentions(wrapper, IDS, attention_mask=mask)
+    assert wrapper.encoder.config._attn_implementation == "sdpa"
+    assert not wrapper.encoder._forward_pre_hooks and not wrapper.encoder._forward_hooks
+
+
+def test_wrapper_that_never_calls_its_model_is_an_error():
+    class Unused(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder = make_tiny_model("bert")
+
+        def forward(self, ids):
+            return ids.float()
+
+    with pytest.raises(ValueError, match="never called its Hugging Face model"):
+        extract_attentions(Unused(), IDS)
+
+
+@pytest.mark.parametrize("form", ["tuple", "list", "stacked", "object"])
+def test_plain_callable_returning_attentions(form):
+    attentions = torch.softmax(torch.randn(3, 2, 4, 6, 6), -1)
+
+    class Output:
+        pass
+
+    def forward(ids, scale):
+        assert scale == 2 and ids is IDS
+        output = {"tuple": tuple(attentions), "list": list(attentions), "stacked": attentions}.get(form)
+        if output is None:
+            output = Output()
+            output.attentions = tuple(attentions)
+        return output
+
+    extracted = extract_attentions(forward, IDS, additional_forward_args=2)
+    assert len(extracted) == 3
+    torch.testing.assert_close(torch.stack(extracted), attentions)
+
+
+@pytest.mark.parametrize("returned", [None, (), torch.zeros(2, 6, 32), {"logits": torch.zeros(2)}])
+def test_callable_returning_no_attentions_is_an_error(returned):
+    with pytest.raises(ValueError, match="the model returned no attentions"):
+        extract_attentions(lambda ids: returned, IDS)
+
+
+def test_hf_model_that_cannot_return_attentions_is_an_error():
+    model = make_tiny_model("bert")
+    # a model pinned to sdpa: switching to eager is refused, so no attentions come back
+    model._can_set_attn_implementation = lambda: False
+    with pytest.raises(ValueError, match="the model returned no attentions"):
+        extract_attentions(model, IDS)
+    assert model.config._attn_implementation == "sdpa"
+
+
+def test_inputs_on_another_device_than_the_model_is_an_error():
+    model = make_tiny_model("bert").to("meta")
+    with pytest.raises(ValueError, match=r"inputs are on cpu but the model is on meta; move them with inputs.to\('meta'\)"):
+        extract_attentions(model, IDS)
+
+
+@pytest.mark.parametrize("arch", ["bert", "gpt2"])
+def test_left_padding_gets_positions_counted_over_real_tokens(arch):
+    model = make_tiny_model(arch)
+    ids = torch.tensor([[0, 0, 5, 9, 13]])
+    mask = torch.tensor([[0, 0, 1, 1, 1]])
+    padded = extract_attentions(model, ids, attention_mask=mask)
+    alone = extract_attentions(model, ids[:, 2:])
+    for ours, reference in zip(padded, alone):
+        torch.testing.assert_close(ours[..., 2:, 2:], reference, atol=1e-6, rtol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_model_with_cpu_inputs_is_an_error():
+    model = make_tiny_model("bert").cuda()
+    with pytest.raises(ValueError, match="inputs are on cpu but the model is on cuda:0"):
+        extract_attentions(model, IDS)
+    attentions = extract_attentions(model, IDS.cuda())
+    assert attentions[0].device.type == "cuda"
