@@ -1,8 +1,8 @@
 """captum_attnflow: attention rollout and attention flow (Abnar & Zuidema, ACL 2020) as Captum attributions."""
 
-from captum_attnflow.attr import AttentionRollout, RawAttention
+from captum_attnflow.attr import AttentionFlow, AttentionRollout, RawAttention
 from captum_attnflow.extraction import eager_attention, extract_attentions
 
 __version__ = "0.1.0"
 
-__all__ = ["AttentionRollout", "RawAttention", "eager_attention", "extract_attentions"]
+__all__ = ["AttentionFlow", "AttentionRollout", "RawAttention", "eager_attention", "extract_attentions"]

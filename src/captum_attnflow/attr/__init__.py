@@ -1,6 +1,7 @@
 """Captum attributions built on attention maps."""
 
+from captum_attnflow.attr.flow import AttentionFlow
 from captum_attnflow.attr.raw_attention import RawAttention
 from captum_attnflow.attr.rollout import AttentionRollout
 
-__all__ = ["AttentionRollout", "RawAttention"]
+__all__ = ["AttentionFlow", "AttentionRollout", "RawAttention"]

@@ -1,0 +1,66 @@
+"""Attention flow as a Captum attribution."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor
+
+from captum_attnflow.attr._base import AttentionAttribution, with_attribute_args
+from captum_attnflow.functional import flow
+
+
+class AttentionFlow(AttentionAttribution):
+    """Attention flow (Abnar & Zuidema 2020, section 3) as token attributions.
+
+    The attribution of input token :math:`j` for position :math:`p` after layer :math:`l` is
+    the maximum flow from node :math:`(l, p)` to node :math:`(0, j)` of the attention graph,
+    whose edges :math:`(k, i) \\to (k-1, j)` have the residual-adjusted attention
+    :math:`A_k[i, j]` as capacity, :math:`A = \\alpha W + (1 - \\alpha) I`. Exact max flows
+    from a compiled kernel, see :func:`captum_attnflow.functional.flow`.
+    """
+
+    @with_attribute_args
+    def attribute(
+        self,
+        inputs: Tensor,
+        target: Any = None,
+        additional_forward_args: Any = None,
+        position: int | Tensor = 0,
+        layer: int | None = -1,
+        head_fusion: str = "mean",
+        residual_alpha: float = 0.5,
+        attention_mask: Tensor | None = None,
+        normalize: bool = False,
+        show_progress: bool | None = None,
+    ) -> Tensor:
+        """Attention flow from ``position`` after ``layer`` to the input tokens.
+{args}
+            normalize (bool, optional): False (default) returns raw max-flow values in
+                [0, 1], the paper's definition; True rescales each row to sum to 1 over the
+                tokens, as the authors' released code did.
+            show_progress (bool, optional): show a tqdm progress bar; None (default) shows
+                one only for long computations.
+
+        Returns:
+            Tensor: float32 (B, n) for one layer, (L, B, n) for ``layer=None``, on the
+            inputs' device; padding gets 0.
+
+        Example::
+
+            >>> import torch
+            >>> from transformers import BertConfig, BertModel
+            >>> from captum_attnflow import AttentionFlow
+            >>> model = BertModel(BertConfig(num_hidden_layers=2, hidden_size=32,
+            ...     num_attention_heads=2, intermediate_size=64)).eval()
+            >>> scores = AttentionFlow(model).attribute(torch.tensor([[101, 7592, 102]]))
+            >>> scores.shape
+            torch.Size([1, 3])
+        """
+        attentions = self._attentions(inputs, additional_forward_args, attention_mask)
+        # A (B,) position tensor holds one source per example: a (B, 1) tensor for flow().
+        sources = position[..., None] if isinstance(position, Tensor) else position
+        scores = flow(
+            attentions, layer, sources, residual_alpha, head_fusion, attention_mask, normalize, show_progress
+        )
+        return self._on_device(scores.squeeze(-2), inputs)
