@@ -113,6 +113,9 @@ def test_rollout_properties(layers, batch, heads, n, alpha, fusion, seed):
     rows = rollout_rows(attentions, positions, None, alpha, fusion)
     assert rows.shape == (layers, batch, n)
     torch.testing.assert_close(rows, maps[:, torch.arange(batch), positions])
+    # tensors that need gradients take the torch ops instead of the compiled kernels
+    differentiable = rollout_rows(attentions.clone().requires_grad_(), positions, None, alpha, fusion)
+    torch.testing.assert_close(differentiable.detach(), rows)
 
 
 def test_rollout_is_batch_invariant():

@@ -125,43 +125,54 @@ def _compiled_graph_layer(layer: Tensor, mask: Tensor, head_fusion: str, residua
 # Attentions are far larger than anything else here (144 MiB for BERT-base at n=512), so the
 # graph costs about as much as reading them once. Torch needs a pass each for the row sums, the
 # negativity check and the head fusion, and more for residual mixing on the (L, B, n, n) result;
-# this kernel reads the H rows of a query from memory once for the checks, fuses them from
-# cache, and mixes in the residual while the fused row is still in cache. One thread already
+# this kernel reads the attentions once, in memory order, checking each row while folding it
+# into the fused (n, n) map that stays in cache, then mixes in the residual. One thread already
 # runs at memory speed, and a thread pool would compete with torch's.
 @njit(cache=True, fastmath={"reassoc", "contract", "nsz", "arcp"})
 def _graph_layer_kernel(layer, mask, fusion, alpha, out, row_sums, negative_sums):  # pragma: no cover
     batch, heads, n, _ = layer.shape
+    zero = np.float32(0.0)
     for b in range(batch):
-        for i in range(n):
-            for h in range(heads):
+        for h in range(heads):
+            for i in range(n):
                 row = layer[b, h, i]
-                total = np.float32(0.0)
-                negative = np.float32(0.0)
-                for j in range(n):
-                    value = row[j]
-                    total += value
-                    negative += min(value, np.float32(0.0))
-                row_sums[b, h, i] = total
-                negative_sums[b, h, i] = negative
-            fused = out[b, i]
-            if not mask[b, i]:
-                fused[:] = 0.0
-                continue
-            fused[:] = layer[b, 0, i]
-            for h in range(1, heads):
-                row = layer[b, h, i]
-                if fusion == 0:
+                fused = out[b, i]
+                total = zero
+                negative = zero
+                if h == 0:
                     for j in range(n):
-                        fused[j] += row[j]
+                        value = row[j]
+                        total += value
+                        negative += min(value, zero)
+                        fused[j] = value
+                elif fusion == 0:
+                    for j in range(n):
+                        value = row[j]
+                        total += value
+                        negative += min(value, zero)
+                        fused[j] += value
                 elif fusion == 1:
                     for j in range(n):
-                        fused[j] = max(fused[j], row[j])
+                        value = row[j]
+                        total += value
+                        negative += min(value, zero)
+                        fused[j] = value if value > fused[j] else fused[j]
                 else:
                     for j in range(n):
-                        fused[j] = min(fused[j], row[j])
-            scale = alpha / heads if fusion == 0 else alpha
+                        value = row[j]
+                        total += value
+                        negative += min(value, zero)
+                        fused[j] = value if value < fused[j] else fused[j]
+                row_sums[b, h, i] = total
+                negative_sums[b, h, i] = negative
+        scale = alpha / heads if fusion == 0 else alpha
+        for i in range(n):
+            fused = out[b, i]
+            if not mask[b, i]:
+                fused[:] = zero
+                continue
             for j in range(n):
-                fused[j] = fused[j] * scale if mask[b, j] else np.float32(0.0)
+                fused[j] = fused[j] * scale if mask[b, j] else zero
             fused[i] += 1.0 - alpha
             total = fused.sum()
             if total > 0:
