@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader
 
 from _classifier import UNK, make_classifier, model_state, padded_batch
 from _evaluate_distributed import make_batches, make_evaluator
-from captum_attnflow import AttentionRollout, RawAttention
+from captum_attnflow import AttentionFlow, AttentionRollout, RawAttention
 from captum_attnflow.baselines import BlankOut, TokenSaliency
 from captum_attnflow.evaluate import ComparisonResult, Evaluator, compare
 
@@ -96,6 +96,21 @@ def test_batch_position_target_and_special_tokens_reach_the_methods():
         mask=mask, exclude=special,
     )
     assert_same_result(result, expected)
+
+
+def test_attention_flow_gives_one_column_per_layer():
+    model = make_classifier(seed=3)
+    ids, mask = padded_batch(seed=5)
+    result = Evaluator(model, {"flow": AttentionFlow}, {"grad": TokenSaliency(model)}, show_progress=False).run(
+        [{"input_ids": ids, "attention_mask": mask}]
+    )
+    expected = compare(
+        {"flow": AttentionFlow(model).attribute(ids, attention_mask=mask, layer=None)},
+        {"grad": TokenSaliency(model).attribute(ids, attention_mask=mask)},
+        mask=mask,
+    )
+    assert_same_result(result, expected)
+    assert result.to_markdown().splitlines()[2] == "| method | L1 | L2 | L3 |"
 
 
 def test_without_labels_the_predicted_class_is_explained():
