@@ -1,5 +1,6 @@
 import pytest
 import torch
+import transformers
 from torch import nn
 
 from _classifier import FirstTokenClassifier, model_state
@@ -70,6 +71,37 @@ def test_eager_attention_switches_and_restores_every_submodel():
         with eager_attention(wrapper):
             raise RuntimeError("inside")
     assert wrapper.encoder.config._attn_implementation == "sdpa"
+
+
+def tiny_vit_config():
+    return transformers.ViTConfig(
+        image_size=8, patch_size=4, num_channels=3, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=64,
+    )
+
+
+def test_vision_transformer_attentions():
+    torch.manual_seed(0)
+    model = transformers.ViTModel(tiny_vit_config()).eval()
+    pixels = torch.randn(2, 3, 8, 8)
+    attentions = extract_attentions(model, pixels)
+    assert len(attentions) == 2 and attentions[0].shape == (2, 4, 5, 5)  # 4 patches + CLS
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        for ours, reference in zip(attentions, model(pixels, output_attentions=True).attentions):
+            torch.testing.assert_close(ours, reference)
+
+
+def test_eager_attention_restores_every_config_of_a_composite_model():
+    text = transformers.BertConfig(
+        vocab_size=60, hidden_size=32, num_attention_heads=4, intermediate_size=64, num_hidden_layers=2
+    )
+    config = transformers.VisionTextDualEncoderConfig.from_vision_text_configs(tiny_vit_config(), text)
+    model = transformers.VisionTextDualEncoderModel(config).eval()
+    configs = [model.config, model.config.vision_config, model.config.text_config, model.vision_model.config]
+    with eager_attention(model):
+        assert {c._attn_implementation for c in configs} == {"eager"}
+    assert {c._attn_implementation for c in configs} == {"sdpa"}
 
 
 def test_nn_module_wrapper_captures_its_models_attentions(arch):

@@ -92,7 +92,7 @@ def eager_attention(module: nn.Module) -> Iterator[None]:
 
     Each model's own attention implementation is restored on exit, also after an exception.
     """
-    configs = {id(model.config): model.config for model in _hf_models(module)}
+    configs = _configs(_hf_models(module))
     saved = {key: config._attn_implementation for key, config in configs.items()}
     try:
         for model in _outermost(_hf_models(module)):
@@ -239,6 +239,22 @@ def _owning_module(forward_func: Any) -> nn.Module | None:
 
 def _hf_models(module: nn.Module) -> list[nn.Module]:
     return [m for m in module.modules() if isinstance(m, PreTrainedModel)] if PreTrainedModel else []
+
+
+def _configs(models: list[nn.Module]) -> dict[int, Any]:
+    """The configs of ``models`` and, recursively, their sub-configs (keyed by id: configs are not hashable).
+
+    ``set_attn_implementation`` also rewrites sub-configs that no sub-model owns.
+    """
+    configs: dict[int, Any] = {}
+    pending = [model.config for model in models]
+    while pending:
+        config = pending.pop()
+        if id(config) not in configs:
+            configs[id(config)] = config
+            subs = (getattr(config, key, None) for key in getattr(config, "sub_configs", {}))
+            pending.extend(sub for sub in subs if sub is not None)
+    return configs
 
 
 def _outermost(models: list[nn.Module]) -> list[nn.Module]:
