@@ -23,11 +23,12 @@ class Evaluator:
 
     * an attribution object with ``.attribute(inputs, ...)``: ours or any Captum-style class
       returning one score per token. It is called as
-      ``method.attribute(input_ids, target=..., attention_mask=..., position=..., layer=None)``,
-      passing only the keyword arguments its ``attribute`` accepts: ``layer=None`` makes
-      :class:`~captum_attnflow.AttentionRollout`, ``AttentionFlow`` and
-      :class:`~captum_attnflow.RawAttention` return (L, B, n), one table column per layer;
-      ``position`` comes from the batch when it has one.
+      ``method.attribute(input_ids, target=..., attention_mask=..., position=..., layer=None,
+      show_progress=False)``, passing only the keyword arguments its ``attribute`` accepts:
+      ``layer=None`` makes :class:`~captum_attnflow.AttentionRollout`,
+      :class:`~captum_attnflow.AttentionFlow` and :class:`~captum_attnflow.RawAttention`
+      return (L, B, n), one table column per layer; ``position`` comes from the batch when
+      it has one.
     * an attribution class, e.g. ``AttentionRollout``: instantiated as ``cls(model)``.
     * a callable ``method(batch) -> (B, n) or (L, B, n)`` receiving the batch (tensors on the
       model's device, ``"target"`` added), for anything else, e.g. a fixed layer:
@@ -176,6 +177,7 @@ class Evaluator:
             "attention_mask": batch["attention_mask"],
             "position": batch.get("position"),
             "layer": None,
+            "show_progress": False,  # the Evaluator's bar is the one to watch
         }
         kwargs = {key: value for key, value in offered.items() if key in accepted}
         if kwargs.get("position", 0) is None:
