@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from _classifier import FirstTokenClassifier, make_classifier, padded_batch
-from captum_attnflow import AttentionRollout, RawAttention
+from captum_attnflow import AttentionFlow, AttentionRollout, RawAttention
 from captum_attnflow.baselines import BlankOut, TokenInputXGradient, TokenIntegratedGradients, TokenSaliency
 from captum_attnflow.evaluate import aopc_comprehensiveness
 from conftest import make_tiny_model
@@ -25,7 +25,7 @@ pytestmark = [
 ]
 
 DEVICE = torch.device("cuda")
-ATTENTION_METHODS = {"raw": RawAttention, "rollout": AttentionRollout}
+ATTENTION_METHODS = {"raw": RawAttention, "rollout": AttentionRollout, "flow": AttentionFlow}
 GRADIENT_METHODS = {
     "saliency": TokenSaliency,
     "input x gradient": TokenInputXGradient,
