@@ -2,7 +2,8 @@
 
 from captum_attnflow.attr import AttentionFlow, AttentionRollout, RawAttention
 from captum_attnflow.extraction import eager_attention, extract_attentions
+from captum_attnflow.models import load_agreement_model
 
 __version__ = "0.1.0"
 
-__all__ = ["AttentionFlow", "AttentionRollout", "RawAttention", "eager_attention", "extract_attentions"]
+__all__ = ["AttentionFlow", "AttentionRollout", "RawAttention", "eager_attention", "extract_attentions", "load_agreement_model"]

@@ -1,0 +1,6 @@
+"""The paper's verb-number agreement model (section 2) and the bundled trained checkpoint."""
+
+from captum_attnflow.models.agreement import AgreementConfig, AgreementModel
+from captum_attnflow.models.bundled import load_agreement_model
+
+__all__ = ["AgreementConfig", "AgreementModel", "load_agreement_model"]
