@@ -1,4 +1,6 @@
 import copy
+import doctest
+import importlib
 
 import pytest
 import torch
@@ -221,3 +223,8 @@ def test_rollout_on_cuda_equals_cpu_and_stays_on_the_inputs_device(arch):
     torch.testing.assert_close(on_gpu.cpu(), on_cpu, atol=1e-5, rtol=1e-4)
     with pytest.raises(ValueError, match="inputs are on cpu but the model is on cuda"):
         AttentionRollout(cuda).attribute(ids)
+
+
+def test_docstring_examples_run():
+    results = doctest.testmod(importlib.import_module("captum_attnflow.attr.rollout"))
+    assert results.attempted > 0 and results.failed == 0

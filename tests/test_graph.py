@@ -1,3 +1,6 @@
+import doctest
+import importlib
+
 import numpy as np
 import pytest
 import torch
@@ -133,3 +136,8 @@ def test_attention_graph_rejects_bad_arguments():
         attention_graph(attentions, residual_alpha=-1)
     with pytest.raises(ValueError, match="attention_mask must have shape"):
         attention_graph(attentions, attention_mask=torch.ones(1, 5))
+
+
+def test_docstring_examples_run():
+    results = doctest.testmod(importlib.import_module("captum_attnflow.functional.graph"))
+    assert results.attempted > 0 and results.failed == 0

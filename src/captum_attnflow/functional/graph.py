@@ -78,6 +78,22 @@ def attention_graph(
 
     Returns:
         float32 tensor (L, B, n, n); rows of real tokens sum to 1.
+
+    Raises:
+        ValueError: attentions of the wrong shape, or rows of real tokens that are negative,
+            NaN or do not sum to 1 (see :func:`~captum_attnflow.functional._checks.check_attention_values`).
+
+    On CPU, for attentions that need no gradient, each layer is checked, fused and mixed in one
+    compiled pass (numba, compiled on first use and cached); otherwise (CUDA, autograd) torch
+    ops compute the same, differentiably.
+
+    Example::
+
+        >>> import torch
+        >>> from captum_attnflow.functional import attention_graph
+        >>> attentions = torch.softmax(torch.randn(6, 2, 8, 5, 5), -1)  # (L, B, H, n, n)
+        >>> attention_graph(attentions).sum(-1).allclose(torch.ones(6, 2, 5))
+        True
     """
     layers = attention_layers(attentions)
     batch, _, n, _ = layers[0].shape

@@ -1,0 +1,238 @@
+"""The ``captum-attnflow`` command: explain a sentence with the bundled model, reproduce the paper's tables.
+
+``captum-attnflow explain "the keys to the cabinet"`` prints the model's prediction and
+per-token scores and writes a layers x tokens heatmap; ``captum-attnflow reproduce`` computes
+Tables 1 and 2 of Abnar & Zuidema (2020) (see :mod:`captum_attnflow.reproduce`). Both run on
+the verb-number model that ships with the package, or on a checkpoint directory saved with
+``save_pretrained`` (``--model DIR``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import torch
+from transformers import PreTrainedTokenizerFast
+from transformers.utils import logging as transformers_logging
+
+from captum_attnflow.attr import AttentionFlow, AttentionRollout, RawAttention
+from captum_attnflow.baselines import BlankOut, TokenSaliency
+from captum_attnflow.data.agreement import PLURAL, SINGULAR
+from captum_attnflow.models import AgreementModel, load_agreement_model
+from captum_attnflow.reproduce import reproduce
+from captum_attnflow.visualize import plot_methods
+
+ATTENTION_METHODS = {"raw": RawAttention, "rollout": AttentionRollout, "flow": AttentionFlow}
+OUTPUT_METHODS = ("saliency", "blankout")
+METHODS = (*ATTENTION_METHODS, *OUTPUT_METHODS)
+NUMBERS = {SINGULAR: "singular", PLURAL: "plural"}
+DEFAULT_HEATMAP = Path("captum_attnflow_explain.png")
+DEFAULT_REPRODUCTION_DIR = Path("captum_attnflow_reproduction")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line ``argv`` (default ``sys.argv[1:]``); returns the exit status.
+
+    Example::
+
+        >>> from captum_attnflow.cli import main
+        >>> main(["explain", "the keys to the cabinet", "--method", "rollout"])  # doctest: +SKIP
+    """
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except (ValueError, TypeError, OSError) as error:
+        print(f"captum-attnflow {args.command}: error: {error}", file=sys.stderr)
+        return 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="captum-attnflow",
+        description="Attention rollout and attention flow (Abnar & Zuidema, ACL 2020) on the bundled "
+        "subject-verb agreement model.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    explain = commands.add_parser(
+        "explain",
+        help="explain the model's verb-number prediction for a sentence",
+        description="Predict the number of the verb that would follow SENTENCE (singular or plural), "
+        "print each token's score and write a layers x tokens heatmap (the paper's Figures 2-3). "
+        "Attention methods explain the CLS token after each layer; saliency (input gradients) and "
+        "blankout explain the predicted class.",
+    )
+    explain.add_argument("sentence", help='the sentence up to the verb, e.g. "the keys to the cabinet"')
+    explain.add_argument(
+        "--method", choices=(*METHODS, "all"), default="all", help="attribution method (default: all)"
+    )
+    explain.add_argument(
+        "--layer", type=_layer, default=None, metavar="N|all",
+        help="layer of the attention methods, 1..L, or all (default: all; the table then shows the last layer "
+        "unless one attention method is chosen)",
+    )
+    explain.add_argument(
+        "--out", type=Path, default=DEFAULT_HEATMAP, metavar="FILE.png",
+        help=f"where to write the heatmap (default: {DEFAULT_HEATMAP})",
+    )
+    explain.add_argument("--model", type=Path, metavar="DIR", help="a saved model directory instead of the bundled one")
+    explain.set_defaults(run=_explain)
+
+    repro = commands.add_parser(
+        "reproduce",
+        help="compute the paper's Tables 1 and 2 on held-out data",
+        description="Spearman correlation of raw attention, rollout and flow (CLS token, layers L1-L6) with "
+        "blank-out (Table 1) and input gradients (Table 2) on held-out generated examples, beside the "
+        "paper's numbers, plus how often each method ranks the subject above every attractor. Writes "
+        "markdown, CSV files and a plot to DIR.",
+    )
+    repro.add_argument("--samples", type=_positive, default=2000, help="held-out examples (default: 2000, as the paper)")
+    repro.add_argument(
+        "--out", type=Path, default=DEFAULT_REPRODUCTION_DIR, metavar="DIR",
+        help=f"output directory (default: {DEFAULT_REPRODUCTION_DIR})",
+    )
+    repro.add_argument("--seed", type=int, default=0, help="seed of the generated held-out examples (default: 0)")
+    repro.add_argument("--batch-size", type=_positive, default=200, help="examples per batch (default: 200)")
+    repro.add_argument("--include-cls", action="store_true", help="rank [CLS] together with the words")
+    repro.add_argument("--model", type=Path, metavar="DIR", help="a saved model directory instead of the bundled one")
+    repro.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    repro.set_defaults(run=_reproduce)
+    return parser
+
+
+def _layer(value: str) -> int | None:
+    if value == "all":
+        return None
+    try:
+        layer = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a layer number 1..L or 'all', got {value!r}") from None
+    if layer < 1:
+        raise argparse.ArgumentTypeError(f"layers are numbered from 1, got {layer}")
+    return layer
+
+
+def _positive(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {number}")
+    return number
+
+
+def _load(directory: Path | None) -> tuple[Any, Any]:
+    if directory is not None and not directory.is_dir():
+        raise FileNotFoundError(f"--model {directory} is not a directory saved with save_pretrained.")
+    with _no_loading_bar():
+        if directory is None:
+            return load_agreement_model()
+        model = AgreementModel.from_pretrained(directory, local_files_only=True).eval()
+        return model, PreTrainedTokenizerFast.from_pretrained(directory, local_files_only=True)
+
+
+@contextmanager
+def _no_loading_bar() -> Iterator[None]:
+    """Hide the "Loading weights" bar transformers draws on every ``from_pretrained``: for a
+    model of a few hundred kilobytes it is only noise in the command's output."""
+    enabled = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            transformers_logging.enable_progress_bar()
+
+
+def _explain(args: argparse.Namespace) -> int:
+    model, tokenizer = _load(args.model)
+    num_layers = model.config.num_hidden_layers
+    if args.layer is not None and args.layer > num_layers:
+        raise ValueError(f"--layer {args.layer} is out of range: the model has layers 1..{num_layers} (or all).")
+    encoded = tokenizer(args.sentence, return_tensors="pt", return_offsets_mapping=True)
+    ids = encoded["input_ids"]
+    if ids.shape[1] < 2:
+        raise ValueError("the sentence has no words; pass e.g. \"the keys to the cabinet\".")
+    tokens = tokenizer.convert_ids_to_tokens(ids[0].tolist())
+    unknown = [
+        args.sentence[start:end]
+        for token, (start, end) in zip(tokens, encoded["offset_mapping"][0].tolist())
+        if token == tokenizer.unk_token
+    ]
+    if unknown:
+        print(
+            f"warning: not in the model's vocabulary, read as {tokenizer.unk_token}: {', '.join(unknown)}",
+            file=sys.stderr,
+        )
+    with torch.no_grad():
+        probabilities = torch.softmax(model(ids).logits[0].float(), -1)
+    predicted = int(probabilities.argmax())
+    prediction = f"{NUMBERS[predicted]} (probability {probabilities[predicted]:.3f})"
+    print(f"prediction: {prediction}")
+
+    methods = METHODS if args.method == "all" else (args.method,)
+    layers = list(range(num_layers)) if args.layer is None else [args.layer - 1]
+    scores, labels = {}, {}
+    for method in methods:
+        if method in ATTENTION_METHODS:
+            scores[method] = ATTENTION_METHODS[method](model).attribute(ids, layer=None)[layers, 0]
+            labels[method] = [f"L{layer + 1}" for layer in layers]
+        elif method == "saliency":
+            scores[method] = TokenSaliency(model).attribute(ids, target=predicted)
+        else:
+            scores[method] = BlankOut(model, tokenizer=tokenizer).attribute(ids, target=predicted)
+
+    print(_score_table(tokens, scores, labels))
+    figure = plot_methods(scores, tokens, title=f'"{args.sentence}": {prediction}', layer_labels=labels)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(args.out, dpi=120)
+    print(f"heatmap written to {args.out}")
+    return 0
+
+
+def _score_table(tokens: list[str], scores: dict[str, torch.Tensor], labels: dict[str, list[str]]) -> str:
+    """Tokens as rows; one column per layer for a single attention method over all layers,
+    otherwise one column per method at its last shown layer."""
+    columns = {}
+    if len(scores) == 1 and len(next(iter(labels.values()), [])) > 1:
+        method, values = next(iter(scores.items()))
+        columns = {f"{method} {label}": values[row] for row, label in enumerate(labels[method])}
+    else:
+        for method, values in scores.items():
+            name = f"{method} {labels[method][-1]}" if method in labels else method
+            columns[name] = values[-1]
+    width = max(len(token) for token in [*tokens, "token"])
+    widths = {name: max(10, len(name)) for name in columns}
+    header = f"{'token':<{width}}  " + "  ".join(f"{name:>{widths[name]}}" for name in columns)
+    lines = [header, "-" * len(header)]
+    for position, token in enumerate(tokens):
+        cells = "  ".join(f"{float(values[position]):>{widths[name]}.4f}" for name, values in columns.items())
+        lines.append(f"{token:<{width}}  {cells}")
+    return "\n".join(lines)
+
+
+def _reproduce(args: argparse.Namespace) -> int:
+    model, tokenizer = _load(args.model)
+    result = reproduce(
+        num_samples=args.samples,
+        seed=args.seed,
+        batch_size=args.batch_size,
+        model=model,
+        tokenizer=tokenizer,
+        include_cls=args.include_cls,
+        progress=not args.no_progress,
+    )
+    print(result.to_markdown())
+    paths = result.save(args.out)
+    print("\nwritten: " + ", ".join(str(path) for path in paths))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""Tests of the ``captum-attnflow`` command, run in-process through ``main`` (one subprocess call
+checks the installed entry point): help, explain's prediction, table and heatmap, reproduce's files,
+clear errors."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from captum_attnflow import AttentionRollout
+from captum_attnflow.cli import main
+from captum_attnflow.data import build_tokenizer
+from captum_attnflow.models import AgreementConfig, AgreementModel
+
+SENTENCE = "the keys to the cabinet"
+TOKENS = ["[CLS]", "the", "keys", "to", "the", "cabinet"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """An untrained agreement model saved like a trained one, for ``--model DIR``."""
+    torch.manual_seed(0)
+    directory = tmp_path_factory.mktemp("model")
+    AgreementModel(AgreementConfig()).eval().save_pretrained(directory)
+    build_tokenizer().save_pretrained(directory)
+    return directory
+
+
+def _table(output: str) -> dict[str, list[float]]:
+    """The per-token score table printed by explain: token -> its row of numbers, in order."""
+    lines = output.splitlines()
+    start = next(index for index, line in enumerate(lines) if line.startswith("token "))
+    rows = {}
+    for line in lines[start + 2 :]:
+        cells = line.split()
+        if len(cells) < 2 or not re.fullmatch(r"-?\d+\.\d+", cells[-1]):
+            break
+        rows.setdefault(cells[0], []).append([float(cell) for cell in cells[1:]])
+    return rows
+
+
+@pytest.mark.parametrize("command", [[], ["explain"], ["reproduce"]])
+def test_every_command_has_help(command, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([*command, "--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    assert text.startswith("usage: captum-attnflow")
+    expected = {(): ["explain", "reproduce"], ("explain",): ["--method", "--layer", "--out"],
+                ("reproduce",): ["--samples", "--out", "--seed"]}[tuple(command)]
+    assert all(option in text for option in expected)
+
+
+def test_installed_entry_point_prints_help():
+    executable = shutil.which("captum-attnflow")
+    assert executable is not None, "the console script is missing: pip install -e ."
+    completed = subprocess.run([executable, "--help"], capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr
+    assert "explain" in completed.stdout and "reproduce" in completed.stdout
+
+
+def test_explain_prints_the_models_prediction_and_rollout_per_layer(model_dir, tmp_path, capsys):
+    out = tmp_path / "heatmap.png"
+    status = main(["explain", SENTENCE, "--method", "rollout", "--layer", "all", "--out", str(out), "--model",
+                   str(model_dir)])
+    assert status == 0
+    printed = capsys.readouterr().out
+
+    model = AgreementModel.from_pretrained(model_dir).eval()
+    ids = build_tokenizer()(SENTENCE, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        probabilities = torch.softmax(model(ids).logits[0], -1)
+    label = ["singular", "plural"][int(probabilities.argmax())]
+    assert f"prediction: {label} (probability {probabilities.max():.3f})" in printed
+
+    expected = AttentionRollout(model).attribute(ids, layer=None)[:, 0]  # (L, n)
+    assert "rollout L1" in printed and "rollout L6" in printed
+    rows = _table(printed)
+    assert list(rows) == list(dict.fromkeys(TOKENS))
+    measured = torch.tensor([rows[token].pop(0) for token in TOKENS])  # (n, L)
+    torch.testing.assert_close(measured, expected.T, atol=1e-4, rtol=0)
+
+    assert out.read_bytes().startswith(b"\x89PNG")
+    assert f"heatmap written to {out}" in printed
+
+
+def test_explain_all_methods_at_one_layer(model_dir, tmp_path, capsys):
+    out = tmp_path / "nested" / "all.png"
+    assert main(["explain", SENTENCE, "--layer", "3", "--out", str(out), "--model", str(model_dir)]) == 0
+    printed = capsys.readouterr().out
+    header = next(line for line in printed.splitlines() if line.startswith("token "))
+    assert header.split()[1:] == ["raw", "L3", "rollout", "L3", "flow", "L3", "saliency", "blankout"]
+    assert all(len(values) == 5 for occurrences in _table(printed).values() for values in occurrences)
+    assert out.read_bytes().startswith(b"\x89PNG")
+
+
+def test_explain_warns_about_unknown_words(model_dir, tmp_path, capsys):
+    status = main(["explain", "the keys to the xylophone", "--method", "raw", "--out", str(tmp_path / "x.png"),
+                   "--model", str(model_dir)])
+    assert status == 0
+    captured = capsys.readouterr()
+    assert "warning" in captured.err and "xylophone" in captured.err and "[UNK]" in captured.err
+    assert "[UNK]" in _table(captured.out)
+
+
+def test_explain_default_model_and_path(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["explain", SENTENCE, "--method", "rollout"]) == 0
+    printed = capsys.readouterr().out
+    # The bundled model is trained (held-out accuracy >= 0.95): "keys" is the subject.
+    assert "prediction: plural" in printed
+    assert (tmp_path / "captum_attnflow_explain.png").read_bytes().startswith(b"\x89PNG")
+
+
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        (["explain", SENTENCE, "--layer", "7"], "--layer 7 is out of range: the model has layers 1..6"),
+        (["explain", "   "], "the sentence has no words"),
+        (["explain", SENTENCE, "--model", "/nonexistent/model"], "is not a directory saved with save_pretrained"),
+    ],
+)
+def test_explain_errors_are_clear(arguments, message, model_dir, tmp_path, capsys):
+    if "--model" not in arguments:
+        arguments = [*arguments, "--model", str(model_dir)]
+    assert main([*arguments, "--out", str(tmp_path / "x.png")]) == 1
+    error = capsys.readouterr().err
+    assert error.startswith("captum-attnflow explain: error:") and message in error
+    assert not (tmp_path / "x.png").exists()
+
+
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        (["explain", SENTENCE, "--layer", "0"], "layers are numbered from 1"),
+        (["explain", SENTENCE, "--layer", "last"], "expected a layer number 1..L or 'all'"),
+        (["explain", SENTENCE, "--method", "lime"], "invalid choice: 'lime'"),
+        (["reproduce", "--samples", "0"], "expected a positive integer"),
+        (["reproduce", "--samples", "many"], "expected a positive integer"),
+    ],
+)
+def test_bad_arguments_exit_with_usage(arguments, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(arguments)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_reproduce_writes_both_tables(model_dir, tmp_path, capsys):
+    out = tmp_path / "repro"
+    assert main(["reproduce", "--samples", "6", "--seed", "1", "--batch-size", "4", "--out", str(out),
+                 "--model", str(model_dir), "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert "Table 1: Spearman correlation with blank-out" in printed
+    assert "Table 2: Spearman correlation with input gradients" in printed
+    assert "| flow (ours) |" in printed and "| flow (paper) |" in printed
+    assert "(6 examples)" in printed
+    for name in ("reproduction.md", "table1_blank_out.csv", "table2_input_gradients.csv", "ground_truth.csv",
+                 "reproduction.png"):
+        assert (out / name).stat().st_size > 0, name
+        assert str(out / name) in printed

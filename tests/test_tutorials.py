@@ -1,0 +1,35 @@
+"""The tutorials are committed as valid notebooks without outputs (``pytest --nbmake`` executes them).
+
+Outputs stay out of git: they would go stale against the code that made them and bloat diffs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+TUTORIALS = Path(__file__).resolve().parent.parent / "tutorials"
+NOTEBOOKS = [
+    "01_quickstart.ipynb",
+    "02_comparing_methods.ipynb",
+    "03_pretrained_minilm.ipynb",
+    "04_gpu_batching_long_inputs.ipynb",
+]
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebook_is_committed_without_outputs(name):
+    notebook = json.loads((TUTORIALS / name).read_text())
+    assert notebook["nbformat"] == 4
+    assert notebook["metadata"]["kernelspec"]["name"] == "python3"
+    code = [cell for cell in notebook["cells"] if cell["cell_type"] == "code"]
+    assert code, f"{name} has no code cells"
+    for index, cell in enumerate(code):
+        assert cell["outputs"] == [], f"{name}: code cell {index} has outputs; strip them before committing"
+        assert cell["execution_count"] is None, f"{name}: code cell {index} has an execution count"
+
+
+def test_every_notebook_is_listed():
+    assert sorted(path.name for path in TUTORIALS.glob("*.ipynb")) == NOTEBOOKS
