@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from captum_attnflow.extraction import extract_attentions
 from captum_attnflow.functional import attention_graph, flow, rollout_rows
-from captum_attnflow.functional._maxflow import EPS, max_flows
+from captum_attnflow.functional._maxflow import _WORK_PER_THREAD, EPS, max_flows
 from conftest import make_tiny_model
 
 
@@ -129,6 +129,18 @@ def test_kernel_certificate_bounds_the_error():
     reference = reference_flows(attentions, range(16), range(16))
     assert (gaps >= -1e-15).all() and (gaps <= EPS * graph.size).all()
     assert (values <= reference + 1e-9).all() and (values >= reference - gaps - 1e-9).all()
+
+
+def test_threads_give_the_serial_values():
+    # Large enough for max_flows to start a second thread (pairs x edges >= _WORK_PER_THREAD);
+    # every pair runs on zeroed scratch arrays, so the split cannot change a value.
+    graph = np.ascontiguousarray(attention_graph(causal_sink(4, 32, seed=9)).double().numpy()[:, 0])
+    sources = np.arange(32)
+    assert sources.size * 32 * graph.size >= _WORK_PER_THREAD
+    serial, serial_gaps = max_flows(graph, sources, 1)
+    threaded, threaded_gaps = max_flows(graph, sources, 2)
+    np.testing.assert_array_equal(threaded, serial)
+    np.testing.assert_array_equal(threaded_gaps, serial_gaps)
 
 
 def test_one_layer_is_the_mixed_attention_row():

@@ -28,8 +28,11 @@ from numba import njit
 # Residual capacities at or below this count as saturated. Far above float64 rounding of
 # values <= 1 (~1e-16 per operation), far below the 1e-6 accuracy anyone reads flows at.
 EPS = 1e-12
-# Below this many (source, sink) pairs per thread, starting threads costs more than it saves.
-_TASKS_PER_THREAD = 8
+# Starting a thread costs about 0.1 ms on an idle machine and over 1 ms on a loaded one, as
+# much as a whole source of a small graph (L=6, n=32: about 1 ms). So a part runs on a thread
+# of its own only with at least this much work, counted as (source, sink) pairs times graph
+# edges: a few milliseconds of kernel time.
+_WORK_PER_THREAD = 2_000_000
 
 
 @njit(cache=True)
@@ -265,15 +268,16 @@ def _max_flows_part(cap, cap_t, sources, part, parts, values, gaps):
 def max_flows(cap: np.ndarray, sources: np.ndarray, num_threads: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """Max-flow values from every (l, s), s in ``sources``, to every input node (0, t).
 
-    The (source, sink) pairs are split over ``num_threads`` Python threads running the compiled
-    kernel without the GIL. Threads rather than numba's ``prange``: with the OpenMP threading
-    layer every parallel launch costs about 16 ms on a loaded machine, more than a whole
-    one-source computation, and plain threads never clash with torch's own OpenMP pool.
+    The (source, sink) pairs are split over up to ``num_threads`` threads (the calling one and
+    new Python threads) running the compiled kernel without the GIL; fewer when the work is
+    too small to pay for starting them. Threads rather than numba's ``prange``: with the OpenMP
+    threading layer every parallel launch costs about 16 ms on a loaded machine, more than a
+    whole one-source computation, and plain threads never clash with torch's own OpenMP pool.
 
     Args:
         cap: (l, m, m), ``cap[k - 1, i, j]`` the capacity of edge (k, i) -> (k-1, j).
         sources: (S,) positions at layer l.
-        num_threads: number of threads.
+        num_threads: the most threads to use.
 
     Returns:
         values (S, m) and gaps (S, m), float64: ``values[a, t]`` is within ``gaps[a, t]``
@@ -284,11 +288,14 @@ def max_flows(cap: np.ndarray, sources: np.ndarray, num_threads: int = 1) -> tup
     sources = np.ascontiguousarray(sources, dtype=np.int64)
     values = np.zeros((sources.shape[0], cap.shape[1]))
     gaps = np.zeros_like(values)
-    parts = max(1, min(num_threads, values.size // _TASKS_PER_THREAD))
+    parts = max(1, min(num_threads, values.size * cap.size // _WORK_PER_THREAD))
     if parts == 1:
         _max_flows_part(cap, cap_t, sources, 0, 1, values, gaps)
         return values, gaps
-    with ThreadPoolExecutor(parts) as pool:
-        for done in [pool.submit(_max_flows_part, cap, cap_t, sources, part, parts, values, gaps) for part in range(parts)]:
+    with ThreadPoolExecutor(parts - 1) as pool:
+        others = [pool.submit(_max_flows_part, cap, cap_t, sources, part, parts, values, gaps) for part in range(1, parts)]
+        # The calling thread runs part 0 itself rather than wait: one thread fewer to start.
+        _max_flows_part(cap, cap_t, sources, 0, parts, values, gaps)
+        for done in others:
             done.result()
     return values, gaps
