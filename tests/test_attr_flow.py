@@ -1,3 +1,6 @@
+import doctest
+import importlib
+
 import pytest
 import torch
 
@@ -63,3 +66,8 @@ def test_callable_and_errors():
         explainer.attribute(IDS.float())
     with pytest.raises(ValueError, match="layer"):
         explainer.attribute(IDS, layer=4)
+
+
+def test_docstring_examples_run():
+    results = doctest.testmod(importlib.import_module("captum_attnflow.attr.flow"))
+    assert results.attempted > 0 and results.failed == 0

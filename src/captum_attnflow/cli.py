@@ -35,12 +35,35 @@ DEFAULT_REPRODUCTION_DIR = Path("captum_attnflow_reproduction")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line ``argv`` (default ``sys.argv[1:]``); returns the exit status.
+    """Run the command line ``argv``, as the ``captum-attnflow`` command does.
+
+    Args:
+        argv: the arguments after the program name, e.g. ``["explain", "the keys to the
+            cabinet"]``; None (default) reads ``sys.argv[1:]``. ``main(["--help"])`` lists
+            the commands and their options.
+
+    Returns:
+        int: the exit status, 0 on success, 1 when the command fails with an error it
+        reports on stderr (argparse itself exits with 2 on malformed arguments).
 
     Example::
 
+        >>> import tempfile
         >>> from captum_attnflow.cli import main
-        >>> main(["explain", "the keys to the cabinet", "--method", "rollout"])  # doctest: +SKIP
+        >>> with tempfile.TemporaryDirectory() as tmp:  # the heatmap goes to a throwaway file
+        ...     main(["explain", "the keys to the cabinet", "--method", "rollout", "--layer", "6",
+        ...           "--out", f"{tmp}/keys.png"])  # doctest: +ELLIPSIS
+        prediction: plural (probability 1.000)
+        token    rollout L6
+        -------------------
+        [CLS]        0.1373
+        the          0.0889
+        keys         0.3435
+        to           0.0963
+        the          0.0739
+        cabinet      0.2602
+        heatmap written to .../keys.png
+        0
     """
     parser = _parser()
     args = parser.parse_args(argv)
@@ -108,22 +131,21 @@ def _parser() -> argparse.ArgumentParser:
 def _layer(value: str) -> int | None:
     if value == "all":
         return None
-    try:
-        layer = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a layer number 1..L or 'all', got {value!r}") from None
-    if layer < 1:
-        raise argparse.ArgumentTypeError(f"layers are numbered from 1, got {layer}")
-    return layer
+    return _whole_number(value, "a layer number 1..L or 'all'", "layers are numbered from 1")
 
 
 def _positive(value: str) -> int:
+    return _whole_number(value, "a positive integer", "expected a positive integer")
+
+
+def _whole_number(value: str, expected: str, below_one: str) -> int:
+    """Parse an argparse value as an integer >= 1; the messages say what was expected instead."""
     try:
         number = int(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}") from None
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {value!r}") from None
     if number < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {number}")
+        raise argparse.ArgumentTypeError(f"{below_one}, got {number}")
     return number
 
 

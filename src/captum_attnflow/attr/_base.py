@@ -7,6 +7,7 @@ from typing import Any, Callable
 from captum.attr import Attribution
 from torch import Tensor
 
+from captum_attnflow._docstrings import fill_docstring
 from captum_attnflow.extraction import extract_attentions
 
 
@@ -59,12 +60,6 @@ class AttentionAttribution(Attribution):
         return attributions.to(inputs.device)
 
 
-def with_attribute_args(method: Callable) -> Callable:
-    """Fill ``{args}`` in ``method``'s docstring with the arguments all attention methods share."""
-    method.__doc__ = method.__doc__.replace("{args}", _ATTRIBUTE_ARGS_DOC)
-    return method
-
-
 _ATTRIBUTE_ARGS_DOC = """
         Args:
             inputs (Tensor): token ids, shape (B, n).
@@ -87,3 +82,6 @@ _ATTRIBUTE_ARGS_DOC = """
                 the tokenizer returns it. Padding gets attribution 0 and never influences
                 real tokens. It is passed to a Hugging Face model as ``attention_mask``.
 """
+
+# Fills ``{args}`` in an ``attribute`` docstring with the arguments all attention methods share.
+with_attribute_args = fill_docstring(args=_ATTRIBUTE_ARGS_DOC)

@@ -49,13 +49,18 @@ class AttentionFlow(AttentionAttribution):
         Example::
 
             >>> import torch
-            >>> from transformers import BertConfig, BertModel
-            >>> from captum_attnflow import AttentionFlow
-            >>> model = BertModel(BertConfig(num_hidden_layers=2, hidden_size=32,
-            ...     num_attention_heads=2, intermediate_size=64)).eval()
-            >>> scores = AttentionFlow(model).attribute(torch.tensor([[101, 7592, 102]]))
-            >>> scores.shape
-            torch.Size([1, 3])
+            >>> from captum_attnflow import AttentionFlow, RawAttention, load_agreement_model
+            >>> model, tokenizer = load_agreement_model()
+            >>> ids = tokenizer(["the keys to the cabinet"], return_tensors="pt")["input_ids"]
+            >>> flows = AttentionFlow(model).attribute(ids, layer=None)  # [CLS] after every layer
+            >>> flows.shape  # (L, B, n)
+            torch.Size([6, 1, 6])
+            >>> one_layer = RawAttention(model).attribute(ids, layer=1, residual_alpha=0.5)
+            >>> bool(torch.allclose(flows[0], one_layer))  # through one layer, the flow is the attention
+            True
+            >>> shares = AttentionFlow(model).attribute(ids, position=-1, normalize=True)
+            >>> bool(torch.isclose(shares.sum(), torch.tensor(1.0)))
+            True
         """
         attentions = self._attentions(inputs, additional_forward_args, attention_mask)
         # A (B,) position tensor holds one source per example: a (B, 1) tensor for flow().

@@ -43,12 +43,15 @@ class RawAttention(AttentionAttribution):
         Example::
 
             >>> import torch
-            >>> from transformers import BertConfig, BertModel
-            >>> from captum_attnflow import RawAttention
-            >>> model = BertModel(BertConfig(num_hidden_layers=2, hidden_size=32,
-            ...     num_attention_heads=2, intermediate_size=64)).eval()
-            >>> RawAttention(model).attribute(torch.tensor([[101, 7592, 102]]), layer=1).shape
-            torch.Size([1, 3])
+            >>> from captum_attnflow import RawAttention, load_agreement_model
+            >>> model, tokenizer = load_agreement_model()
+            >>> batch = tokenizer(["the keys to the cabinet", "the key"], padding=True, return_tensors="pt")
+            >>> weights = RawAttention(model).attribute(batch["input_ids"], layer=None,
+            ...     attention_mask=batch["attention_mask"])
+            >>> weights.shape  # (L, B, n): every layer
+            torch.Size([6, 2, 6])
+            >>> bool(torch.allclose(weights.sum(-1), torch.ones(6, 2))), weights[:, 1, 3:].abs().max().item()
+            (True, 0.0)
         """
         attentions = self._attentions(inputs, additional_forward_args, attention_mask)
         graph = attention_graph(attentions, residual_alpha, head_fusion, attention_mask)

@@ -42,14 +42,12 @@ class AttentionRollout(AttentionAttribution):
 
         Example::
 
-            >>> import torch
-            >>> from transformers import BertConfig, BertModel
-            >>> from captum_attnflow import AttentionRollout
-            >>> model = BertModel(BertConfig(num_hidden_layers=2, hidden_size=32,
-            ...     num_attention_heads=2, intermediate_size=64)).eval()
-            >>> scores = AttentionRollout(model).attribute(torch.tensor([[101, 7592, 102]]))
-            >>> scores.shape
-            torch.Size([1, 3])
+            >>> from captum_attnflow import AttentionRollout, load_agreement_model
+            >>> model, tokenizer = load_agreement_model()
+            >>> ids = tokenizer(["the keys to the cabinet"], return_tensors="pt")["input_ids"]
+            >>> scores = AttentionRollout(model).attribute(ids)  # [CLS] (position 0) after the last layer
+            >>> tokenizer.convert_ids_to_tokens(ids[0])[scores.argmax()]  # the subject
+            'keys'
         """
         attentions = self._attentions(inputs, additional_forward_args, attention_mask)
         scores = rollout_rows(attentions, position, layer, residual_alpha, head_fusion, attention_mask)

@@ -12,9 +12,10 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
-from captum.attr import Attribution
+from captum.attr import Attribution, LayerGradientXActivation
 from torch import Tensor, nn
 
+from captum_attnflow._docstrings import fill_docstring
 from captum_attnflow.extraction import _as_tuple, _check_device, _hf_models, _outermost, _owning_module
 from captum_attnflow.functional._checks import as_mask
 
@@ -192,11 +193,21 @@ class EmbeddingGradientAttribution(Attribution):
     def _tokens(self, embedding_scores: Any, mask: Tensor, inputs: Tensor) -> Tensor:
         return reduce_embedding_scores(embedding_scores.detach(), mask, self.reduce).to(inputs.device)
 
-
-def with_token_args(method: Callable) -> Callable:
-    """Fill ``{args}`` in ``method``'s docstring with the arguments all baselines share."""
-    method.__doc__ = method.__doc__.replace("{args}", _TOKEN_ARGS_DOC)
-    return method
+    def _embedding_gradients(
+        self,
+        inputs: Tensor,
+        target: Any,
+        additional_forward_args: Any,
+        attention_mask: Tensor | None,
+        multiply_by_inputs: bool,
+    ) -> Tensor:
+        """(B, n) token scores from Captum's ``LayerGradientXActivation`` on the embedding layer:
+        the plain gradient :math:`\\partial f_t / \\partial e_i` (``multiply_by_inputs=False``)
+        or :math:`e_i \\odot \\partial f_t / \\partial e_i` (True), reduced per token."""
+        mask, extra_args, target = self._prepare(inputs, target, additional_forward_args, attention_mask)
+        method = LayerGradientXActivation(self.scores, self.embedding_layer, multiply_by_inputs=multiply_by_inputs)
+        gradients = method.attribute(inputs, target=target, additional_forward_args=extra_args)
+        return self._tokens(gradients, mask, inputs)
 
 
 _TOKEN_ARGS_DOC = """
@@ -211,3 +222,9 @@ _TOKEN_ARGS_DOC = """
             attention_mask (Tensor, optional): (B, n), 1 on real tokens, 0 on padding. It is
                 passed to a Hugging Face model as ``attention_mask``; padding gets
                 attribution 0."""
+
+_TOKEN_RETURNS_DOC = """Returns:
+            Tensor: float32 (B, n) on the inputs' device, padding 0."""
+
+# Fills ``{args}`` and ``{returns}`` in a baseline's ``attribute`` docstring.
+with_token_args = fill_docstring(args=_TOKEN_ARGS_DOC, returns=_TOKEN_RETURNS_DOC)

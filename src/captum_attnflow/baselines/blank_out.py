@@ -63,18 +63,17 @@ class BlankOut(Attribution):
                 pass holds B times this many sequences), as in Captum. Default: 8.
             show_progress (bool, optional): Captum's progress bar over the forward passes.
 
-        Returns:
-            Tensor: float32 (B, n) on the inputs' device, padding 0.
+        {returns}
 
         Example::
 
-            >>> import torch
-            >>> from transformers import BertConfig, BertForSequenceClassification
+            >>> from captum_attnflow import load_agreement_model
             >>> from captum_attnflow.baselines import BlankOut
-            >>> model = BertForSequenceClassification(BertConfig(num_hidden_layers=2,
-            ...     hidden_size=32, num_attention_heads=2, intermediate_size=64)).eval()
-            >>> BlankOut(model, token=100).attribute(torch.tensor([[101, 7592, 102]])).shape
-            torch.Size([1, 3])
+            >>> model, tokenizer = load_agreement_model()
+            >>> ids = tokenizer(["the keys to the cabinet"], return_tensors="pt")["input_ids"]
+            >>> drops = BlankOut(model, tokenizer=tokenizer).attribute(ids)  # "[UNK]" as the blank
+            >>> tokenizer.convert_ids_to_tokens(ids[0])[drops.argmax()]  # the subject
+            'keys'
         """
         mask, _, extra_args = prepare(self.scores, inputs, attention_mask, additional_forward_args)
         target = resolve_target(self.scores, inputs, extra_args, target)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from captum.attr import LayerGradientXActivation
 from torch import Tensor
 
 from captum_attnflow.baselines._common import EmbeddingGradientAttribution, with_token_args
@@ -31,8 +30,7 @@ class TokenInputXGradient(EmbeddingGradientAttribution):
         """Embedding times gradient of the target's score, reduced per token.
 {args}
 
-        Returns:
-            Tensor: float32 (B, n) on the inputs' device, padding 0.
+        {returns}
 
         Example::
 
@@ -41,10 +39,12 @@ class TokenInputXGradient(EmbeddingGradientAttribution):
             >>> from captum_attnflow.baselines import TokenInputXGradient
             >>> model = BertForSequenceClassification(BertConfig(num_hidden_layers=2,
             ...     hidden_size=32, num_attention_heads=2, intermediate_size=64)).eval()
-            >>> TokenInputXGradient(model, reduce="sum").attribute(torch.tensor([[101, 7592, 102]])).shape
-            torch.Size([1, 3])
+            >>> ids = torch.tensor([[101, 7592, 2088, 102], [101, 7592, 102, 0]])
+            >>> mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
+            >>> scores = TokenInputXGradient(model, reduce="sum").attribute(ids, attention_mask=mask)
+            >>> scores.shape, scores[1, 3].item()  # padding gets 0
+            (torch.Size([2, 4]), 0.0)
         """
-        mask, extra_args, target = self._prepare(inputs, target, additional_forward_args, attention_mask)
-        method = LayerGradientXActivation(self.scores, self.embedding_layer, multiply_by_inputs=True)
-        products = method.attribute(inputs, target=target, additional_forward_args=extra_args)
-        return self._tokens(products, mask, inputs)
+        return self._embedding_gradients(
+            inputs, target, additional_forward_args, attention_mask, multiply_by_inputs=True
+        )

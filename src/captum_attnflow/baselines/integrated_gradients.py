@@ -41,18 +41,20 @@ class TokenIntegratedGradients(EmbeddingGradientAttribution):
                 its own id.
             n_steps, method, internal_batch_size: as in Captum's ``LayerIntegratedGradients``.
 
-        Returns:
-            Tensor: float32 (B, n) on the inputs' device, padding 0.
+        {returns}
 
         Example::
 
             >>> import torch
-            >>> from transformers import BertConfig, BertForSequenceClassification
+            >>> from captum_attnflow import load_agreement_model
             >>> from captum_attnflow.baselines import TokenIntegratedGradients
-            >>> model = BertForSequenceClassification(BertConfig(num_hidden_layers=2,
-            ...     hidden_size=32, num_attention_heads=2, intermediate_size=64, pad_token_id=0)).eval()
-            >>> TokenIntegratedGradients(model).attribute(torch.tensor([[101, 7592, 102]]), n_steps=8).shape
-            torch.Size([1, 3])
+            >>> model, tokenizer = load_agreement_model()
+            >>> ids = tokenizer(["the keys to the cabinet"], return_tensors="pt")["input_ids"]
+            >>> scores = TokenIntegratedGradients(model, reduce="sum").attribute(ids, target=1)
+            >>> with torch.no_grad():  # completeness: the scores add up to f(x) - f(x'), x' all [PAD]
+            ...     gap = model(ids).logits[0, 1] - model(torch.full_like(ids, tokenizer.pad_token_id)).logits[0, 1]
+            >>> bool(torch.isclose(scores.sum(), gap, atol=1e-3))
+            True
         """
         mask, extra_args, target = self._prepare(inputs, target, additional_forward_args, attention_mask)
         if isinstance(baselines, Tensor):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from captum.attr import LayerGradientXActivation
 from torch import Tensor
 
 from captum_attnflow.baselines._common import EmbeddingGradientAttribution, with_token_args
@@ -33,20 +32,18 @@ class TokenSaliency(EmbeddingGradientAttribution):
         """Gradient of the target's score with respect to each token's embedding, reduced per token.
 {args}
 
-        Returns:
-            Tensor: float32 (B, n) on the inputs' device, padding 0.
+        {returns}
 
         Example::
 
-            >>> import torch
-            >>> from transformers import BertConfig, BertForSequenceClassification
+            >>> from captum_attnflow import load_agreement_model
             >>> from captum_attnflow.baselines import TokenSaliency
-            >>> model = BertForSequenceClassification(BertConfig(num_hidden_layers=2,
-            ...     hidden_size=32, num_attention_heads=2, intermediate_size=64)).eval()
-            >>> TokenSaliency(model).attribute(torch.tensor([[101, 7592, 102]])).shape
-            torch.Size([1, 3])
+            >>> model, tokenizer = load_agreement_model()
+            >>> batch = tokenizer(["the keys to the cabinet"], return_tensors="pt")
+            >>> scores = TokenSaliency(model).attribute(batch["input_ids"], target=1)  # 1: plural
+            >>> scores.shape, bool((scores > 0).all())
+            (torch.Size([1, 6]), True)
         """
-        mask, extra_args, target = self._prepare(inputs, target, additional_forward_args, attention_mask)
-        method = LayerGradientXActivation(self.scores, self.embedding_layer, multiply_by_inputs=False)
-        gradients = method.attribute(inputs, target=target, additional_forward_args=extra_args)
-        return self._tokens(gradients, mask, inputs)
+        return self._embedding_gradients(
+            inputs, target, additional_forward_args, attention_mask, multiply_by_inputs=False
+        )

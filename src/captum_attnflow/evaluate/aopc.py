@@ -8,32 +8,12 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor
 
+from captum_attnflow._docstrings import fill_docstring
 from captum_attnflow.baselines._common import ScoreForward, prepare, resolve_target
 
 ERASER_FRACTIONS = (0.01, 0.05, 0.1, 0.2, 0.5)
 
-
-def aopc_comprehensiveness(
-    forward_func: Callable[..., Any],
-    inputs: Tensor,
-    attributions: Tensor,
-    target: Any = None,
-    additional_forward_args: Any = None,
-    attention_mask: Tensor | None = None,
-    exclude: Tensor | None = None,
-    fractions: Sequence[float] = ERASER_FRACTIONS,
-    pad_token_id: int = 0,
-    softmax: bool = True,
-) -> Tensor:
-    """AOPC comprehensiveness: how much the target's probability drops when the top-k% tokens
-    are deleted, averaged over k (DeYoung et al. 2020, ERASER, section 4.2). Higher is better.
-
-    :math:`\\frac{1}{|K|} \\sum_{k \\in K} p(t \\mid x) - p(t \\mid x \\setminus r_k)`, with
-    :math:`r_k` the :math:`\\lceil k m \\rceil` highest-attributed of the :math:`m` candidate
-    tokens (real, not excluded) and :math:`K` = ``fractions`` (ERASER's 1, 5, 10, 20, 50%).
-    Deleting means removing the tokens and closing the gap (the sequence gets shorter, its
-    end padded with ``pad_token_id`` and attention mask 0), as ERASER does, not replacing them.
-
+_AOPC_ARGS_DOC = """
     Args:
         forward_func: a Hugging Face model returning logits, or an ``nn.Module`` / callable
             ``forward_func(inputs, *additional_forward_args)`` returning (B, C) scores.
@@ -59,17 +39,44 @@ def aopc_comprehensiveness(
     A Hugging Face model gets the shortened sequences with their new ``attention_mask``; any
     other ``forward_func`` gets the ids only, the deleted positions filled with
     ``pad_token_id`` at the end (per-token ``additional_forward_args`` are refused).
+"""
 
+
+@fill_docstring(args=_AOPC_ARGS_DOC)
+def aopc_comprehensiveness(
+    forward_func: Callable[..., Any],
+    inputs: Tensor,
+    attributions: Tensor,
+    target: Any = None,
+    additional_forward_args: Any = None,
+    attention_mask: Tensor | None = None,
+    exclude: Tensor | None = None,
+    fractions: Sequence[float] = ERASER_FRACTIONS,
+    pad_token_id: int = 0,
+    softmax: bool = True,
+) -> Tensor:
+    """AOPC comprehensiveness: how much the target's probability drops when the top-k% tokens
+    are deleted, averaged over k (DeYoung et al. 2020, ERASER, section 4.2). Higher is better.
+
+    :math:`\\frac{1}{|K|} \\sum_{k \\in K} p(t \\mid x) - p(t \\mid x \\setminus r_k)`, with
+    :math:`r_k` the :math:`\\lceil k m \\rceil` highest-attributed of the :math:`m` candidate
+    tokens (real, not excluded) and :math:`K` = ``fractions`` (ERASER's 1, 5, 10, 20, 50%).
+    Deleting means removing the tokens and closing the gap (the sequence gets shorter, its
+    end padded with ``pad_token_id`` and attention mask 0), as ERASER does, not replacing them.
+{args}
     Example::
 
-        >>> import torch
-        >>> from transformers import BertConfig, BertForSequenceClassification
+        >>> from captum_attnflow import load_agreement_model
+        >>> from captum_attnflow.baselines import BlankOut
         >>> from captum_attnflow.evaluate import aopc_comprehensiveness
-        >>> model = BertForSequenceClassification(BertConfig(num_hidden_layers=2,
-        ...     hidden_size=32, num_attention_heads=2, intermediate_size=64)).eval()
-        >>> ids = torch.tensor([[101, 7592, 2088, 102]])
-        >>> aopc_comprehensiveness(model, ids, torch.rand(1, 4)).shape
-        torch.Size([1])
+        >>> model, tokenizer = load_agreement_model()
+        >>> ids = tokenizer(["the keys to the cabinet"], return_tensors="pt")["input_ids"]
+        >>> drops = BlankOut(model, tokenizer=tokenizer).attribute(ids)
+        >>> cls = ids == tokenizer.cls_token_id  # never deleted
+        >>> best = aopc_comprehensiveness(model, ids, drops, exclude=cls)
+        >>> worst = aopc_comprehensiveness(model, ids, -drops, exclude=cls)  # the ranking reversed
+        >>> best.shape, bool(best > worst)
+        (torch.Size([1]), True)
     """
     return _aopc(
         forward_func, inputs, attributions, target, additional_forward_args, attention_mask, exclude,
@@ -77,6 +84,7 @@ def aopc_comprehensiveness(
     )
 
 
+@fill_docstring(args=_AOPC_ARGS_DOC)
 def aopc_sufficiency(
     forward_func: Callable[..., Any],
     inputs: Tensor,
@@ -93,20 +101,20 @@ def aopc_sufficiency(
     are kept, averaged over k (DeYoung et al. 2020, ERASER, section 4.2). Lower is better.
 
     :math:`\\frac{1}{|K|} \\sum_{k \\in K} p(t \\mid x) - p(t \\mid r_k)`, with :math:`r_k` the
-    top-attributed tokens kept in their order (plus the ``exclude`` tokens, which always
-    stay) and everything else deleted. Arguments and return value as
+    :math:`\\lceil k m \\rceil` top-attributed of the :math:`m` candidate tokens kept in their
+    order (plus the ``exclude`` tokens, which always stay) and everything else deleted, as in
     :func:`aopc_comprehensiveness`.
-
+{args}
     Example::
 
-        >>> import torch
-        >>> from transformers import BertConfig, BertForSequenceClassification
+        >>> from captum_attnflow import AttentionRollout, load_agreement_model
         >>> from captum_attnflow.evaluate import aopc_sufficiency
-        >>> model = BertForSequenceClassification(BertConfig(num_hidden_layers=2,
-        ...     hidden_size=32, num_attention_heads=2, intermediate_size=64)).eval()
-        >>> ids = torch.tensor([[101, 7592, 2088, 102]])
-        >>> aopc_sufficiency(model, ids, torch.rand(1, 4), fractions=(0.5,)).shape
-        torch.Size([1])
+        >>> model, tokenizer = load_agreement_model()
+        >>> batch = tokenizer(["the keys to the cabinet", "the key"], padding=True, return_tensors="pt")
+        >>> ids, mask = batch["input_ids"], batch["attention_mask"]
+        >>> scores = AttentionRollout(model).attribute(ids, attention_mask=mask)
+        >>> aopc_sufficiency(model, ids, scores, attention_mask=mask, exclude=ids == tokenizer.cls_token_id).shape
+        torch.Size([2])
     """
     return _aopc(
         forward_func, inputs, attributions, target, additional_forward_args, attention_mask, exclude,

@@ -1,0 +1,66 @@
+import doctest
+import importlib
+import inspect
+import re
+
+import pytest
+
+from captum_attnflow._docstrings import fill_docstring
+from captum_attnflow.attr import AttentionFlow, AttentionRollout, RawAttention
+from captum_attnflow.baselines import BlankOut, TokenInputXGradient, TokenIntegratedGradients, TokenSaliency
+from captum_attnflow.evaluate import aopc_comprehensiveness, aopc_sufficiency
+
+
+def test_fills_every_placeholder_and_keeps_latex_braces():
+    @fill_docstring(args="Args:\n    x: a number.", returns="Returns:\n    2x.")
+    def double(x):
+        """Twice x, :math:`\\frac{a}{b}` untouched.
+
+        {args}
+
+        {returns}
+        """
+        return 2 * x
+
+    assert double.__doc__.count("{") == 2  # only the LaTeX braces remain
+    assert "Args:\n    x: a number." in double.__doc__ and "Returns:\n    2x." in double.__doc__
+    assert double(3) == 6
+
+
+def test_missing_placeholder_is_an_error():
+    with pytest.raises(ValueError, match=r"has no \{returns\} to fill"):
+
+        @fill_docstring(returns="Returns: nothing.")
+        def undocumented():
+            """No placeholder here."""
+
+
+@pytest.mark.parametrize(
+    "method",
+    [
+        RawAttention.attribute,
+        AttentionRollout.attribute,
+        AttentionFlow.attribute,
+        TokenSaliency.attribute,
+        TokenInputXGradient.attribute,
+        TokenIntegratedGradients.attribute,
+        BlankOut.attribute,
+        aopc_comprehensiveness,
+        aopc_sufficiency,
+    ],
+)
+def test_shared_pieces_reach_help(method):
+    """Docstrings built from shared pieces document every argument of the signature, with Returns
+    and an example, and keep no placeholder."""
+    doc = method.__doc__
+    assert "{" + "args}" not in doc and "{" + "returns}" not in doc
+    assert "Args:" in doc and "Returns:" in doc and ">>> " in doc
+    arguments = [name for name in inspect.signature(method).parameters if name != "self"]
+    # An argument is documented where a line of the Args section starts with its name.
+    undocumented = [name for name in arguments if not re.search(rf"\n\s+(\w+, )*{name}\b[ (:,]", doc)]
+    assert not undocumented
+
+
+def test_docstring_examples_run():
+    results = doctest.testmod(importlib.import_module("captum_attnflow._docstrings"))
+    assert results.attempted > 0 and results.failed == 0
