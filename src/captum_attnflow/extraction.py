@@ -49,6 +49,18 @@ def extract_attentions(
     their rows not sum to 1); each submodule's mode, the forward hooks and the attention
     implementation are restored afterwards, also when the call raises.
 
+    Args:
+        forward_func: a Hugging Face model, a module or bound method containing one, or a
+            callable returning attentions (see above).
+        inputs: token ids (B, n) (or whatever ``forward_func`` takes first).
+        additional_forward_args: extra positional arguments passed after ``inputs``: one
+            value, a tuple of them, or None.
+        attention_mask: (B, n), 1 on real tokens, 0 on padding; passed to a Hugging Face
+            model as ``attention_mask``. Optional.
+
+    Returns:
+        tuple[Tensor, ...]: L tensors (B, H, n, n), one per layer, row = query, detached.
+
     Raises:
         ValueError: the inputs are not on the model's device, no attentions come back, or a
             wrapper drops the attention mask of a padded batch.
@@ -90,7 +102,31 @@ def extract_attentions(
 def eager_attention(module: nn.Module) -> Iterator[None]:
     """Context manager: every Hugging Face model inside ``module`` uses eager attention.
 
-    Each model's own attention implementation is restored on exit, also after an exception.
+    Transformers 5 defaults to ``sdpa`` attention, which computes no attention weights, so
+    ``output_attentions=True`` gives an empty tuple. Each model's own attention implementation
+    is restored on exit, also after an exception. :func:`extract_attentions` uses it; call it
+    yourself to get attentions from a model you run directly.
+
+    Args:
+        module: a Hugging Face model, or any ``nn.Module`` containing some.
+
+    Yields:
+        None; inside the block the models compute eager attention.
+
+    Example::
+
+        >>> import torch
+        >>> from transformers import BertConfig, BertModel
+        >>> from captum_attnflow import eager_attention
+        >>> model = BertModel(BertConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=2,
+        ...     intermediate_size=64, attn_implementation="sdpa")).eval()
+        >>> ids = torch.tensor([[101, 7592, 102]])
+        >>> len(model(ids, output_attentions=True).attentions)  # sdpa computes no weights
+        0
+        >>> with eager_attention(model):
+        ...     output = model(ids, output_attentions=True)
+        >>> len(output.attentions), model.config._attn_implementation  # restored afterwards
+        (2, 'sdpa')
     """
     configs = _configs(_hf_models(module))
     saved = {key: config._attn_implementation for key, config in configs.items()}

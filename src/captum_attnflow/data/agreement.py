@@ -79,6 +79,14 @@ class AgreementExample:
         subject_index: index in ``words`` of the verb's subject (a noun).
         attractor_indices: indices in ``words`` of the nouns whose number differs from the
             subject's (agreement attractors), increasing.
+        sentence: the words joined by spaces (property).
+        num_attractors: ``len(attractor_indices)`` (property).
+
+    Example::
+
+        >>> example = AgreementExample(["the", "keys", "to", "the", "cabinet"], PLURAL, 1, (4,))
+        >>> example.sentence, example.num_attractors
+        ('the keys to the cabinet', 1)
     """
 
     words: list[str]
@@ -135,12 +143,38 @@ def generate_examples(
 
 
 def is_held_out(words: list[str]) -> bool:
-    """Whether a sentence belongs to the held-out (``"test"``) split."""
+    """Whether a sentence belongs to the held-out (``"test"``) split: the CRC32 of its text
+    (words joined by spaces) is divisible by :data:`HELD_OUT_MODULUS`.
+
+    Args:
+        words: the sentence as a list of words, as in :attr:`AgreementExample.words`.
+
+    Returns:
+        bool: True for the ``"test"`` split, False for ``"train"``.
+
+    Example::
+
+        >>> is_held_out(["the", "keys", "to", "the", "cabinet"])
+        False
+        >>> all(is_held_out(example.words) for example in generate_examples(5, split="test"))
+        True
+    """
     return zlib.crc32(" ".join(words).encode()) % HELD_OUT_MODULUS == 0
 
 
 def vocabulary() -> list[str]:
-    """Every word the generator can produce, in a fixed order."""
+    """Every word the generator can produce, in a fixed order (the tokenizer's word ids follow it).
+
+    Returns:
+        list[str]: distinct words, nouns and verbs first (singular, plural), then adjectives,
+        prepositions, determiners, adverbs, ``"that"`` and ``","``.
+
+    Example::
+
+        >>> words = vocabulary()
+        >>> words[:4], len(words) == len(set(words))
+        (['key', 'keys', 'cabinet', 'cabinets'], True)
+    """
     words = [w for pair in NOUNS + VERBS + SAY_VERBS for w in pair]
     words += [*ADJECTIVES, *PREPOSITIONS, *AMBIGUOUS_DETERMINERS, *NUMBER_DETERMINERS[0], *NUMBER_DETERMINERS[1]]
     words += [w for adverb in ADVERBS for w in adverb] + [COMPLEMENTIZER, ","]

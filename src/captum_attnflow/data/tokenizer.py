@@ -25,6 +25,14 @@ def build_tokenizer(words: Sequence[str] | None = None) -> PreTrainedTokenizerFa
 
     Ids 0-3 are ``[PAD]``, ``[UNK]``, ``[CLS]``, ``[MASK]``; the words follow in order.
 
+    Args:
+        words: the vocabulary; duplicates are dropped, first occurrence kept. None (default)
+            uses :func:`~captum_attnflow.data.vocabulary`, the bundled model's.
+
+    Returns:
+        PreTrainedTokenizerFast: lower-casing, whitespace and punctuation splitting, ``[CLS]``
+        prepended, right padding; unknown words become ``[UNK]``.
+
     Example:
         >>> tokenizer = build_tokenizer()
         >>> tokenizer.convert_ids_to_tokens(tokenizer("The key to the cabinets")["input_ids"])
@@ -52,6 +60,11 @@ def build_tokenizer(words: Sequence[str] | None = None) -> PreTrainedTokenizerFa
 
 def encode_examples(examples: Sequence[AgreementExample], tokenizer: PreTrainedTokenizerFast) -> dict[str, Tensor]:
     """Tokenize a batch of examples as ``[CLS] + words``, right-padded to the longest.
+
+    Args:
+        examples: a non-empty sequence of :class:`~captum_attnflow.data.AgreementExample`.
+        tokenizer: the word-level tokenizer, e.g. :func:`build_tokenizer` or the one of
+            :func:`~captum_attnflow.load_agreement_model`.
 
     Returns:
         a dict of tensors: ``input_ids`` and ``attention_mask`` (B, n), ``labels`` (B,),

@@ -32,7 +32,28 @@ HEAD_FUSIONS = ("mean", "max", "min")
 
 
 def fuse_heads(attentions: Tensor, head_fusion: str = "mean") -> Tensor:
-    """Fuse the heads of (..., H, n, n) attentions into (..., n, n) by ``mean``, ``max`` or ``min``."""
+    """Fuse the heads of (..., H, n, n) attentions into (..., n, n): :math:`\\bar W = \\operatorname{mean}_h W^h`
+    (the paper's), or the element-wise ``max`` or ``min`` over heads.
+
+    Args:
+        attentions: (..., H, n, n) attention weights, heads on dimension -3.
+        head_fusion: ``"mean"`` (default), ``"max"`` or ``"min"``.
+
+    Returns:
+        Tensor: (..., n, n), same dtype and device.
+
+    Example::
+
+        >>> import torch
+        >>> from captum_attnflow.functional import fuse_heads
+        >>> heads = torch.tensor([[[0.2, 0.8], [1.0, 0.0]], [[0.6, 0.4], [0.0, 1.0]]])  # (H, n, n)
+        >>> fuse_heads(heads)
+        tensor([[0.4000, 0.6000],
+                [0.5000, 0.5000]])
+        >>> fuse_heads(heads, "max")
+        tensor([[0.6000, 0.8000],
+                [1.0000, 1.0000]])
+    """
     check_head_fusion(head_fusion)
     if head_fusion == "mean":
         return attentions.mean(-3)
@@ -47,10 +68,27 @@ def check_head_fusion(head_fusion: str) -> None:
 
 
 def add_residual(weights: Tensor, residual_alpha: float = 0.5) -> Tensor:
-    """Mix (..., n, n) attention with the identity: ``alpha * W + (1 - alpha) * I``, rows renormalised.
+    """Mix (..., n, n) attention with the identity for the residual connection (paper, section 3):
+    :math:`A = \\operatorname{renorm}(\\alpha W + (1 - \\alpha) I)`, each row rescaled to sum to 1.
 
     A row that is all zero becomes the identity row (or stays zero for ``residual_alpha=1``);
     :func:`attention_graph` zeroes padding rows afterwards.
+
+    Args:
+        weights: (..., n, n) attention weights (heads already fused), row = query.
+        residual_alpha: :math:`\\alpha` in [0, 1]; 0.5 (default) is the paper's, 1.0 leaves
+            the weights as they are (rows renormalised).
+
+    Returns:
+        Tensor: a new (..., n, n) tensor; ``weights`` is not modified.
+
+    Example::
+
+        >>> import torch
+        >>> from captum_attnflow.functional import add_residual
+        >>> add_residual(torch.tensor([[0.2, 0.8], [1.0, 0.0]]))  # 0.5 W + 0.5 I
+        tensor([[0.6000, 0.4000],
+                [0.5000, 0.5000]])
     """
     check_residual_alpha(residual_alpha)
     mixed = weights * residual_alpha

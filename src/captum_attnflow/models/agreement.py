@@ -32,6 +32,22 @@ class AgreementConfig(PreTrainedConfig):
 
     The field names are the ones transformers' GPT-2 blocks read (``n_inner``,
     ``activation_function``, ``attn_pdrop``, ...). ``num_labels`` is 2 (singular, plural).
+
+    Args:
+        vocab_size: token ids, default the 4 special tokens plus the generator's vocabulary.
+        max_position_embeddings: longest input in tokens (64).
+        hidden_size, num_hidden_layers, num_attention_heads: 128, 6 and 8, the paper's.
+        n_inner: width of the MLPs; None means ``4 * hidden_size``.
+        resid_pdrop, embd_pdrop, attn_pdrop, classifier_dropout: dropout rates (0.1).
+        pad_token_id, cls_token_id: ids of ``[PAD]`` (0) and ``[CLS]`` (2).
+        **kwargs: the other fields above and any :class:`~transformers.PreTrainedConfig`
+            argument.
+
+    Example::
+
+        >>> config = AgreementConfig(num_hidden_layers=2)
+        >>> config.num_hidden_layers, config.num_attention_heads, config.hidden_size, config.num_labels
+        (2, 8, 128, 2)
     """
 
     model_type = "captum_attnflow_agreement"
@@ -64,6 +80,10 @@ class AgreementModel(PreTrainedModel):
     Forward: token + learned position embeddings -> L pre-norm GPT-2 blocks (full
     bidirectional self-attention over the non-padding tokens) -> final LayerNorm -> the
     embedding at position 0 (``[CLS]``) -> dropout -> linear classifier (B, num_labels).
+
+    Args:
+        config: an :class:`AgreementConfig`; weights are initialised as GPT-2's. The trained
+            model is :func:`~captum_attnflow.load_agreement_model`.
 
     Example:
         >>> model = AgreementModel(AgreementConfig(num_hidden_layers=2)).eval()
@@ -100,9 +120,11 @@ class AgreementModel(PreTrainedModel):
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
+        """The token embedding layer (vocab_size, hidden_size), which the gradient baselines explain."""
         return self.wte
 
     def set_input_embeddings(self, embeddings: nn.Embedding) -> None:
+        """Replace the token embedding layer (transformers calls it to resize the vocabulary)."""
         self.wte = embeddings
 
     @torch.no_grad()
@@ -140,6 +162,15 @@ class AgreementModel(PreTrainedModel):
         Returns:
             :class:`~transformers.modeling_outputs.SequenceClassifierOutput` with ``loss``
             (when ``labels`` is given), ``logits`` (B, 2) and ``attentions``.
+
+        Example::
+
+            >>> model = AgreementModel(AgreementConfig(num_hidden_layers=2)).eval()
+            >>> ids = torch.tensor([[2, 10, 11, 12], [2, 13, 14, 0]])
+            >>> output = model(ids, attention_mask=(ids != 0).long(), labels=torch.tensor([0, 1]),
+            ...     output_attentions=True)  # sdpa by default: no attention maps
+            >>> output.logits.shape, output.loss.shape, output.attentions
+            (torch.Size([2, 2]), torch.Size([]), ())
         """
         kwargs.pop("output_attentions", None)
         kwargs.pop("output_hidden_states", None)

@@ -17,6 +17,14 @@ def load_agreement_model() -> tuple[AgreementModel, PreTrainedTokenizerFast]:
     Trained with ``python -m captum_attnflow.models.train`` (defaults); the held-out accuracy
     measured then is in ``assets/agreement/eval_results.json``.
 
+    Returns:
+        tuple: ``(model, tokenizer)``, an :class:`~captum_attnflow.models.AgreementModel`
+        (6 layers, 8 heads, hidden size 128) and the word-level
+        :class:`~transformers.PreTrainedTokenizerFast` that prepends ``[CLS]``.
+
+    Raises:
+        FileNotFoundError: the package was installed without its model files.
+
     Example:
         >>> model, tokenizer = load_agreement_model()
         >>> batch = tokenizer(["the keys to the cabinet"], return_tensors="pt")

@@ -36,6 +36,13 @@ def evaluate(
 ) -> dict[str, float | int]:
     """Accuracy of ``model`` on ``examples``: overall, with attractors, and per attractor count.
 
+    Args:
+        model: an agreement model in eval mode (any model returning (B, 2) ``logits`` for
+            ``input_ids`` and ``attention_mask``).
+        tokenizer: its tokenizer.
+        examples: non-empty sequence of :class:`~captum_attnflow.data.AgreementExample`.
+        batch_size: examples per forward pass.
+
     Returns:
         ``{"accuracy", "accuracy_with_attractors", "accuracy_<k>_attractors", "n", "n_<k>_attractors"}``.
 
@@ -66,7 +73,26 @@ def evaluate(
 
 
 def train(args: argparse.Namespace) -> dict[str, float | int]:
-    """Train, evaluate and save as described in the module docstring; returns the held-out results."""
+    """Train, evaluate and save as described in the module docstring.
+
+    Args:
+        args: the parsed command line (``--out``, ``--steps``, ... as listed in the module
+            docstring); :func:`main` builds it from ``argv``.
+
+    Returns:
+        dict: the held-out results of :func:`evaluate` plus ``train_minutes`` and the
+        ``settings``, as written to ``eval_results.json``.
+
+    Example::
+
+        >>> import tempfile
+        >>> threads = str(torch.get_num_threads())  # train() sets the process's thread count
+        >>> with tempfile.TemporaryDirectory() as out:  # two steps only: a smoke run, not a model
+        ...     results = train(_parser().parse_args(["--out", out, "--steps", "2", "--batch-size", "4",
+        ...         "--warmup", "1", "--eval-examples", "8", "--threads", threads]))
+        >>> results["n"], 0 <= results["accuracy"] <= 1
+        (8, True)
+    """
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     tokenizer = build_tokenizer()
@@ -147,6 +173,23 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    """The training command: parse ``argv``, :func:`train`, print the held-out accuracies.
+
+    Args:
+        argv: the options after the program name (``--out DIR`` is required, see ``--help``);
+            None (default) reads ``sys.argv[1:]``.
+
+    Example::
+
+        >>> import tempfile
+        >>> threads = str(torch.get_num_threads())
+        >>> with tempfile.TemporaryDirectory() as out:  # a smoke run; the defaults train the bundled model
+        ...     main(["--out", out, "--steps", "2", "--batch-size", "4", "--warmup", "1",
+        ...         "--eval-examples", "8", "--threads", threads])  # doctest: +ELLIPSIS
+        held-out accuracy: ... (n=8)
+        ...
+        training time: ... min
+    """
     results = train(_parser().parse_args(argv))
     print(f"held-out accuracy: {results['accuracy']:.4f} (n={results['n']})")
     if "accuracy_with_attractors" in results:
