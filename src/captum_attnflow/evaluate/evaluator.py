@@ -95,6 +95,10 @@ class Evaluator:
                 final result is saved there.
             save_every: write this process's partial scores every this many batches.
 
+        Returns:
+            ComparisonResult: Spearman correlations per example for every (method, reference,
+            layer), examples numbered from 0 in iteration order.
+
         Under ``accelerate launch --multi_gpu --num_processes w script.py`` (or ``torchrun``, any
         launcher setting ``WORLD_SIZE``), process ``r`` of ``w`` evaluates batches
         ``r, r + w, ...`` and the per-example scores are gathered, so every process returns
@@ -102,6 +106,20 @@ class Evaluator:
         (``PartialState().device``) first; a model on the CPU joins the processes over gloo, so
         the same command spreads the work over CPU cores on a machine without GPUs. Pass
         ``data`` itself, not ``accelerator.prepare(data)``: the Evaluator shards it.
+
+        Example::
+
+            >>> from captum_attnflow import AttentionRollout, load_agreement_model
+            >>> from captum_attnflow.baselines import BlankOut
+            >>> from captum_attnflow.data import encode_examples, generate_examples
+            >>> model, tokenizer = load_agreement_model()
+            >>> examples = generate_examples(16, split="test")
+            >>> batches = [encode_examples(examples[start : start + 8], tokenizer) for start in (0, 8)]
+            >>> evaluator = Evaluator(model, {"rollout": AttentionRollout},
+            ...     {"blank-out": BlankOut(model, tokenizer=tokenizer)}, show_progress=False)
+            >>> result = evaluator.run(batches)  # the explained class: batch["labels"]
+            >>> len(result), [layer for (_, _, layer) in result.scores]
+            (16, [1, 2, 3, 4, 5, 6])
         """
         rank, world = _process_group(_device(self.model))
         _check_not_sharded(data, world)
@@ -132,7 +150,31 @@ class Evaluator:
         return result
 
     def evaluate_batch(self, batch: Mapping[str, Any], example_ids: Any = None) -> ComparisonResult:
-        """Run every method and reference on one batch and compare them."""
+        """Run every method and reference on one batch and compare them.
+
+        Args:
+            batch: a dict with ``input_ids`` (B, n) and optionally ``attention_mask``, the
+                target key, ``position``, ``special_tokens_mask`` (as in :meth:`run`).
+            example_ids: (B,) ids of the examples; default ``0..B-1``.
+
+        Returns:
+            ComparisonResult: the batch's correlations, to :meth:`ComparisonResult.merge`
+            with others.
+
+        Example::
+
+            >>> import torch
+            >>> from captum_attnflow import AttentionRollout, RawAttention, load_agreement_model
+            >>> from captum_attnflow.baselines import TokenSaliency
+            >>> model, tokenizer = load_agreement_model()
+            >>> batch = dict(tokenizer(["the keys to the cabinet", "the key near the cabinets"],
+            ...     padding=True, return_tensors="pt"), labels=torch.tensor([1, 0]))
+            >>> evaluator = Evaluator(model, {"raw": RawAttention, "rollout": AttentionRollout},
+            ...     {"grad": TokenSaliency(model)}, show_progress=False)
+            >>> part = evaluator.evaluate_batch(batch, example_ids=[40, 41])
+            >>> part.example_ids.tolist(), part.methods, len(part.scores)  # 2 methods x 6 layers
+            ([40, 41], ['raw', 'rollout'], 12)
+        """
         batch = self._prepare(batch)
         attributions = {name: self._attribute(name, method, batch) for name, method in self.methods.items()}
         references = {name: self._attribute(name, method, batch) for name, method in self.references.items()}

@@ -25,8 +25,32 @@ class ComparisonResult:
             ``layer`` is 1..L for per-layer methods and None for one-map methods. NaN marks an
             undefined correlation (constant scores, fewer than 2 tokens, NaN attributions).
 
+        methods, references: the method and reference names in ``scores``, in order
+            (properties).
+
     Summaries ignore NaN and report how many there were: mean, std (population, ddof=0),
-    count (defined correlations) and nan_count, per key.
+    count (defined correlations) and nan_count, per key. :class:`~captum_attnflow.evaluate.Evaluator`
+    returns one; build one yourself from per-example correlations (e.g. of
+    :func:`~captum_attnflow.evaluate.compare`) to get the same tables.
+
+    Example::
+
+        >>> import numpy as np
+        >>> from captum_attnflow.evaluate import ComparisonResult
+        >>> first = ComparisonResult([0, 1], {("rollout", "blank-out", 1): [0.5, 0.7],
+        ...                                   ("rollout", "blank-out", 2): [0.1, np.nan]})
+        >>> second = ComparisonResult([2], {("rollout", "blank-out", 1): [0.9], ("rollout", "blank-out", 2): [0.3]})
+        >>> result = ComparisonResult.merge([first, second])  # e.g. two shards of one run
+        >>> len(result), result.methods, result.references
+        (3, ['rollout'], ['blank-out'])
+        >>> print(result.to_markdown())
+        Spearman correlation with blank-out (3 examples, mean ± std)
+        <BLANKLINE>
+        | method | L1 | L2 |
+        |---|---|---|
+        | rollout | 0.70 ± 0.16 | 0.20 ± 0.10 |
+        <BLANKLINE>
+        Left out as undefined (constant scores, < 2 tokens or NaN; examples, most in any layer): rollout: 1
     """
 
     example_ids: np.ndarray
@@ -44,14 +68,29 @@ class ComparisonResult:
 
     @property
     def methods(self) -> list[str]:
+        """The method names, in the order of ``scores``."""
         return list(dict.fromkeys(key[0] for key in self.scores))
 
     @property
     def references(self) -> list[str]:
+        """The reference names, in the order of ``scores``."""
         return list(dict.fromkeys(key[1] for key in self.scores))
 
     def summary(self) -> list[dict]:
-        """One row per (method, reference, layer): mean, std, count, nan_count."""
+        """One row per (method, reference, layer) over the examples, NaN left out.
+
+        Returns:
+            list[dict]: rows with keys ``method``, ``reference``, ``layer`` (None for one-map
+            methods), ``mean``, ``std`` (ddof=0), ``count`` (defined correlations) and
+            ``nan_count``; mean and std are NaN when no correlation is defined.
+
+        Example::
+
+            >>> result = ComparisonResult([0, 1, 2], {("raw", "grad", 1): [0.2, 0.4, float("nan")]})
+            >>> row = result.summary()[0]
+            >>> round(row["mean"], 6), row["count"], row["nan_count"]
+            (0.3, 2, 1)
+        """
         rows = []
         for (method, reference, layer), values in self.scores.items():
             finite = values[~np.isnan(values)]
@@ -71,7 +110,14 @@ class ComparisonResult:
     def to_markdown(self, digits: int = 2) -> str:
         """The paper's table layout, one table per reference: methods as rows, layers L1..Ln
         as columns (a ``score`` column for methods without layers), cells "mean ± std".
-        Undefined correlations are left out of the means and counted under the table."""
+        Undefined correlations are left out of the means and counted under the table.
+
+        Args:
+            digits: decimals of the means and standard deviations.
+
+        Returns:
+            str: markdown, the tables separated by blank lines (see the class example).
+        """
         blocks = []
         for reference in self.references:
             rows = [row for row in self.summary() if row["reference"] == reference]
@@ -104,7 +150,21 @@ class ComparisonResult:
         return "\n\n".join(blocks)
 
     def to_csv(self, path: str | Path) -> None:
-        """Write the summary, one row per (method, reference, layer); layer is empty for one-map methods."""
+        """Write the summary, one row per (method, reference, layer); layer is empty for one-map methods.
+
+        Args:
+            path: the CSV file to write, with columns method, reference, layer, mean, std,
+                count, nan_count (the keys of :meth:`summary`).
+
+        Example::
+
+            >>> import tempfile
+            >>> result = ComparisonResult([0, 1], {("raw", "grad", 1): [0.2, 0.4]})
+            >>> with tempfile.TemporaryDirectory() as folder:
+            ...     result.to_csv(f"{folder}/table.csv")
+            ...     print(open(f"{folder}/table.csv").read().splitlines()[0])
+            method,reference,layer,mean,std,count,nan_count
+        """
         with open(path, "w", newline="") as handle:
             writer = csv.DictWriter(handle, ["method", "reference", "layer", "mean", "std", "count", "nan_count"])
             writer.writeheader()
@@ -113,7 +173,24 @@ class ComparisonResult:
 
     def plot(self, ax=None):
         """Matplotlib figure, one panel per reference: layers on x, one line per method with a
-        ±std band; methods without layers as a dashed horizontal line and band. Returns the figure."""
+        ±std band; methods without layers as a dashed horizontal line and band.
+
+        Args:
+            ax: matplotlib axes to draw on, one per reference (an array of them, or one axes
+                for one reference); None (default) makes a new figure.
+
+        Returns:
+            matplotlib.figure.Figure: the figure drawn on.
+
+        Example::
+
+            >>> import matplotlib.pyplot as plt
+            >>> result = ComparisonResult([0, 1], {("raw", "grad", 1): [0.2, 0.4], ("raw", "grad", 2): [0.3, 0.5]})
+            >>> figure = result.plot()
+            >>> len(figure.axes)  # one panel per reference
+            1
+            >>> plt.close(figure)
+        """
         import matplotlib.pyplot as plt
 
         references = self.references
@@ -148,13 +225,35 @@ class ComparisonResult:
         return figure
 
     def save(self, path: str | Path) -> None:
-        """Save the per-example scores (``.npz``), to merge or resume later with :meth:`load`."""
+        """Save the per-example scores (``.npz``), to merge or resume later with :meth:`load`.
+
+        Args:
+            path: the file to write; numpy appends ``.npz`` when the name lacks it.
+
+        Example::
+
+            >>> import tempfile
+            >>> result = ComparisonResult([3, 4], {("raw", "grad", 1): [0.2, 0.4]})
+            >>> with tempfile.TemporaryDirectory() as folder:
+            ...     result.save(f"{folder}/scores.npz")
+            ...     loaded = ComparisonResult.load(f"{folder}/scores.npz")
+            >>> loaded.example_ids.tolist(), loaded.scores[("raw", "grad", 1)].tolist()
+            ([3, 4], [0.2, 0.4])
+        """
         keys = list(self.scores)
         arrays = {f"score_{index}": self.scores[key] for index, key in enumerate(keys)}
         np.savez(path, example_ids=self.example_ids, keys=np.array(json.dumps(keys)), **arrays)
 
     @classmethod
     def load(cls, path: str | Path) -> "ComparisonResult":
+        """Read scores written by :meth:`save` (example in :meth:`save`).
+
+        Args:
+            path: the ``.npz`` file.
+
+        Returns:
+            ComparisonResult: the same example ids and scores.
+        """
         with np.load(path) as data:
             keys = [tuple(key) for key in json.loads(str(data["keys"]))]
             return cls(data["example_ids"], {key: data[f"score_{index}"] for index, key in enumerate(keys)})
@@ -162,7 +261,19 @@ class ComparisonResult:
     @classmethod
     def merge(cls, results: Iterable["ComparisonResult"]) -> "ComparisonResult":
         """Join results over disjoint or overlapping example sets (the first one wins on overlap),
-        sorted by example id. All must hold the same (method, reference, layer) keys."""
+        sorted by example id. All must hold the same (method, reference, layer) keys.
+
+        Args:
+            results: the results to join; empty ones are skipped.
+
+        Returns:
+            ComparisonResult: one entry per distinct example id (empty if all are).
+
+        Raises:
+            ValueError: the results hold different keys.
+
+        Example: see the class docstring.
+        """
         results = [result for result in results if len(result)]
         if not results:
             return cls(np.zeros(0, dtype=np.int64), {})
