@@ -61,6 +61,16 @@ def test_shared_pieces_reach_help(method):
     assert not undocumented
 
 
+@pytest.mark.parametrize(
+    "cls",
+    [RawAttention, AttentionRollout, AttentionFlow, TokenSaliency, TokenInputXGradient, TokenIntegratedGradients],
+)
+def test_class_docstrings_document_the_constructor(cls):
+    arguments = [name for name in inspect.signature(cls).parameters]
+    assert "{" + "init}" not in cls.__doc__ and "Args:" in cls.__doc__
+    assert all(f"\n        {name}: " in cls.__doc__ for name in arguments), arguments
+
+
 def test_docstring_examples_run():
     results = doctest.testmod(importlib.import_module("captum_attnflow._docstrings"))
     assert results.attempted > 0 and results.failed == 0

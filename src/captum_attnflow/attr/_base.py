@@ -10,20 +10,28 @@ from torch import Tensor
 from captum_attnflow._docstrings import fill_docstring
 from captum_attnflow.extraction import extract_attentions
 
+_CONSTRUCTOR_DOC = """Args:
+        forward_func: a Hugging Face model, an ``nn.Module`` wrapping one, or a callable
+            ``forward_func(inputs, *additional_forward_args)`` returning attentions
+            (see :func:`captum_attnflow.extraction.extract_attentions`). The model is left
+            as it was: eager attention, eval mode and hooks only for the duration of a call."""
 
+# Fills ``{init}`` in a class docstring with the constructor's arguments.
+with_constructor_args = fill_docstring(init=_CONSTRUCTOR_DOC)
+
+
+@with_constructor_args
 class AttentionAttribution(Attribution):
     """Base of the attention-based attributions: class-agnostic, gradient-free, no convergence delta.
 
-    Args:
-        forward_func: a Hugging Face model, an ``nn.Module`` wrapping one, or a callable
-            ``forward_func(inputs, *additional_forward_args)`` returning attentions
-            (see :func:`captum_attnflow.extraction.extract_attentions`).
+    {init}
     """
 
     def __init__(self, forward_func: Callable[..., Any]) -> None:
         super().__init__(forward_func)
 
     def has_convergence_delta(self) -> bool:
+        """False: these methods compute no convergence delta (Captum's interface)."""
         return False
 
     def _attentions(

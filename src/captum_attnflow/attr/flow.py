@@ -6,10 +6,11 @@ from typing import Any
 
 from torch import Tensor
 
-from captum_attnflow.attr._base import AttentionAttribution, with_attribute_args
+from captum_attnflow.attr._base import AttentionAttribution, with_attribute_args, with_constructor_args
 from captum_attnflow.functional import flow
 
 
+@with_constructor_args
 class AttentionFlow(AttentionAttribution):
     """Attention flow (Abnar & Zuidema 2020, section 3) as token attributions.
 
@@ -18,6 +19,8 @@ class AttentionFlow(AttentionAttribution):
     whose edges :math:`(k, i) \\to (k-1, j)` have the residual-adjusted attention
     :math:`A_k[i, j]` as capacity, :math:`A = \\alpha W + (1 - \\alpha) I`. Exact max flows
     from a compiled kernel, see :func:`captum_attnflow.functional.flow`.
+
+    {init}
     """
 
     @with_attribute_args

@@ -7,11 +7,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from captum_attnflow.attr._base import AttentionAttribution, with_attribute_args
+from captum_attnflow.attr._base import AttentionAttribution, with_attribute_args, with_constructor_args
 from captum_attnflow.functional import attention_graph
 from captum_attnflow.functional._checks import as_mask, layer_indices, position_indices
 
 
+@with_constructor_args
 class RawAttention(AttentionAttribution):
     """Raw attention weights as token attributions (the "Raw" rows of the paper's Tables 1-3).
 
@@ -21,6 +22,8 @@ class RawAttention(AttentionAttribution):
     ``residual_alpha=1.0`` gives the plain head-averaged attention the paper calls raw
     attention. Above layer 1 the weights are over hidden embeddings, not input tokens, which
     is exactly why rollout and flow exist.
+
+    {init}
     """
 
     @with_attribute_args

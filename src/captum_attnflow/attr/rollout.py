@@ -6,10 +6,11 @@ from typing import Any
 
 from torch import Tensor
 
-from captum_attnflow.attr._base import AttentionAttribution, with_attribute_args
+from captum_attnflow.attr._base import AttentionAttribution, with_attribute_args, with_constructor_args
 from captum_attnflow.functional import rollout_rows
 
 
+@with_constructor_args
 class AttentionRollout(AttentionAttribution):
     """Attention rollout (Abnar & Zuidema 2020, section 3, equation 1) as token attributions.
 
@@ -20,6 +21,8 @@ class AttentionRollout(AttentionAttribution):
     for the explained position only (O(l n^2) per layer), see
     :func:`captum_attnflow.functional.rollout_rows`; the full maps are
     :func:`captum_attnflow.functional.rollout`.
+
+    {init}
     """
 
     @with_attribute_args

@@ -152,11 +152,7 @@ def token_id(forward_func: Any, token: int | str, tokenizer: Any = None) -> int:
     )
 
 
-class EmbeddingGradientAttribution(Attribution):
-    """Base of the gradient baselines: a Captum layer method on the token embedding layer,
-    its (B, n, d) scores reduced per token.
-
-    Args:
+_EMBEDDING_CONSTRUCTOR_DOC = """Args:
         forward_func: a Hugging Face model returning logits (e.g. ``*ForSequenceClassification``),
             or an ``nn.Module`` / callable ``forward_func(inputs, *additional_forward_args)``
             returning (B, C) class scores.
@@ -165,7 +161,18 @@ class EmbeddingGradientAttribution(Attribution):
         probabilities: explain the softmax probability of the target class instead of its
             logit (the default, as Captum does with a classifier's output).
         embedding_layer: the module whose output are the token embeddings; default
-            ``get_input_embeddings()`` of the model (or of the Hugging Face model inside it).
+            ``get_input_embeddings()`` of the model (or of the Hugging Face model inside it)."""
+
+# Fills ``{init}`` in the class docstring of a gradient baseline with the constructor's arguments.
+with_embedding_constructor_args = fill_docstring(init=_EMBEDDING_CONSTRUCTOR_DOC)
+
+
+@with_embedding_constructor_args
+class EmbeddingGradientAttribution(Attribution):
+    """Base of the gradient baselines: a Captum layer method on the token embedding layer,
+    its (B, n, d) scores reduced per token.
+
+    {init}
     """
 
     def __init__(
@@ -181,6 +188,7 @@ class EmbeddingGradientAttribution(Attribution):
         self.embedding_layer = embedding_layer if embedding_layer is not None else input_embeddings(forward_func)
 
     def has_convergence_delta(self) -> bool:
+        """False: no convergence delta is returned (Captum's interface)."""
         return False
 
     def _prepare(

@@ -45,6 +45,7 @@ class BlankOut(Attribution):
         self.token_id = token_id(forward_func, token, tokenizer)
 
     def has_convergence_delta(self) -> bool:
+        """False: no convergence delta is returned (Captum's interface)."""
         return False
 
     @with_token_args

@@ -6,9 +6,14 @@ from typing import Any
 
 from torch import Tensor
 
-from captum_attnflow.baselines._common import EmbeddingGradientAttribution, with_token_args
+from captum_attnflow.baselines._common import (
+    EmbeddingGradientAttribution,
+    with_embedding_constructor_args,
+    with_token_args,
+)
 
 
+@with_embedding_constructor_args
 class TokenInputXGradient(EmbeddingGradientAttribution):
     """Input x gradient on the token embeddings (Shrikumar et al. 2016), reduced per token.
 
@@ -17,6 +22,8 @@ class TokenInputXGradient(EmbeddingGradientAttribution):
     the first-order Taylor contribution of the token), with :math:`e_i` the output of the
     token embedding layer and :math:`f_t` the target's logit (or probability). Computed with
     Captum's ``LayerGradientXActivation``.
+
+    {init}
     """
 
     @with_token_args

@@ -8,9 +8,15 @@ import torch
 from captum.attr import LayerIntegratedGradients
 from torch import Tensor
 
-from captum_attnflow.baselines._common import EmbeddingGradientAttribution, token_id, with_token_args
+from captum_attnflow.baselines._common import (
+    EmbeddingGradientAttribution,
+    token_id,
+    with_embedding_constructor_args,
+    with_token_args,
+)
 
 
+@with_embedding_constructor_args
 class TokenIntegratedGradients(EmbeddingGradientAttribution):
     """Integrated gradients (Sundararajan et al. 2017) on the token embeddings, reduced per token.
 
@@ -19,6 +25,8 @@ class TokenIntegratedGradients(EmbeddingGradientAttribution):
     :math:`(e_{i,d} - e'_{i,d}) \\int_0^1 \\partial f_t(e' + a (e - e')) / \\partial e_{i,d}\\, da`;
     the token's score is the L2 norm over :math:`d` (``reduce="norm"``) or the sum
     (``reduce="sum"``, whose total over tokens approximates :math:`f_t(x) - f_t(x')`).
+
+    {init}
     """
 
     @with_token_args

@@ -6,9 +6,14 @@ from typing import Any
 
 from torch import Tensor
 
-from captum_attnflow.baselines._common import EmbeddingGradientAttribution, with_token_args
+from captum_attnflow.baselines._common import (
+    EmbeddingGradientAttribution,
+    with_embedding_constructor_args,
+    with_token_args,
+)
 
 
+@with_embedding_constructor_args
 class TokenSaliency(EmbeddingGradientAttribution):
     """Input gradients, the paper's gradient reference (Abnar & Zuidema 2020, section 2, Table 2).
 
@@ -19,6 +24,8 @@ class TokenSaliency(EmbeddingGradientAttribution):
     Computed with Captum's ``LayerGradientXActivation(multiply_by_inputs=False)``, which
     returns the plain gradient of the layer output; Captum's ``Saliency`` works on float
     inputs only and cannot reach the embeddings of token ids.
+
+    {init}
     """
 
     @with_token_args
