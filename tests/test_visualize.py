@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import doctest
+import importlib
 import io
 
 import numpy as np
@@ -149,3 +151,8 @@ def test_flow_graph_rejects_long_inputs_and_bad_indices():
         plot_flow_graph(attentions, ["a", "b", "c"], position=3)
     with pytest.raises(ValueError, match="scores must be"):
         plot_flow_graph(attentions, ["a", "b", "c"], scores=torch.rand(4))
+
+
+def test_docstring_examples_run():
+    results = doctest.testmod(importlib.import_module("captum_attnflow.visualize"))
+    assert results.attempted > 0 and results.failed == 0

@@ -152,6 +152,10 @@ def to_visualization_record(
         attr_class: the class the attribution explains; defaults to ``pred_class``.
         convergence_score: Captum's convergence delta; None (shown as such) for attention methods.
 
+    Returns:
+        captum.attr.visualization.VisualizationDataRecord: the scaled scores as
+        ``word_attributions``, for :func:`captum.attr.visualization.visualize_text`.
+
     Example::
 
         >>> import torch
