@@ -9,6 +9,8 @@ checks that they do.
 
 from __future__ import annotations
 
+import doctest
+import importlib
 import itertools
 
 import networkx as nx
@@ -236,3 +238,8 @@ def test_source_on_padding_is_an_error():
     mask = torch.tensor([[1, 1, 1, 0]])
     with pytest.raises(ValueError, match="padding"):
         flow(causal_sink(2, 4), sources=3, attention_mask=mask)
+
+
+def test_docstring_examples_run():
+    results = doctest.testmod(importlib.import_module("captum_attnflow.functional.flow"))
+    assert results.attempted > 0 and results.failed == 0
