@@ -128,38 +128,39 @@ def _blocking_flow(cap, flow, flow_t, sink, dist, ptr, path_k, path_i, path_arc,
             pushed += delta
             depth = first_saturated
             continue
-        advanced = False
-        if k == 1 and ptr[k, i] < m:
-            # The sink is the only input node in the graph: skip the other downward arcs.
-            ptr[k, i] = sink if ptr[k, i] <= sink else m
-        while ptr[k, i] < num_arcs:
-            arc = ptr[k, i]
+        target = dist[k, i] - 1
+        arc = ptr[k, i]
+        if arc < m and k >= 2:
+            # Downward arcs (k, i) -> (k-1, j): one tight scan along contiguous rows.
+            while arc < m and not (dist[k - 1, arc] == target and cap[k - 1, i, arc] - flow[k - 1, i, arc] > EPS):
+                arc += 1
+        elif arc < m:
+            # Layer 1: the sink is the only input node in the graph, its arc the only downward one.
+            admissible = arc <= sink and dist[0, sink] == target and cap[0, i, sink] - flow[0, i, sink] > EPS
+            arc = sink if admissible else m
+        if arc >= m:
+            if k == layers:
+                arc = num_arcs
+            # Upward arcs (k, i) -> (k+1, j): cancelling flow sent down (k+1, j) -> (k, i).
+            while arc < num_arcs and not (dist[k + 1, arc - m] == target and flow_t[k, i, arc - m] > EPS):
+                arc += 1
+        ptr[k, i] = arc
+        if arc < num_arcs:
+            path_arc[depth] = arc
+            depth += 1
             if arc < m:
-                nk = k - 1
-                nj = arc
+                path_k[depth] = k - 1
+                path_i[depth] = arc
             else:
-                nk = k + 1
-                nj = arc - m
-            if (
-                nk <= layers
-                and dist[nk, nj] == dist[k, i] - 1
-                and _residual(cap, flow, flow_t, k, i, arc, m) > EPS
-            ):
-                path_arc[depth] = arc
-                depth += 1
-                path_k[depth] = nk
-                path_i[depth] = nj
-                advanced = True
-                break
-            ptr[k, i] += 1
-            if k == 1 and ptr[k, i] < m:
-                ptr[k, i] = m
-        if not advanced:
-            dist[k, i] = -1
-            if depth == 0:
-                break
-            depth -= 1
-            ptr[path_k[depth], path_i[depth]] += 1
+                path_k[depth] = k + 1
+                path_i[depth] = arc - m
+            continue
+        # A dead end: no admissible arc left, the node leaves the level graph.
+        dist[k, i] = -1
+        if depth == 0:
+            break
+        depth -= 1
+        ptr[path_k[depth], path_i[depth]] += 1
     touched[0] = num_touched
     return pushed
 
