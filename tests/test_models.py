@@ -139,6 +139,24 @@ def test_training_command_writes_a_loadable_checkpoint(tmp_path, capsys):
     assert results["n"] == 16 and results["settings"]["steps"] == 3
     model = AgreementModel.from_pretrained(tmp_path)
     assert model.config.num_hidden_layers == 6
+    loaded, tokenizer = load_agreement_model(tmp_path)
+    assert not loaded.training and tokenizer("the key")["input_ids"][0] == tokenizer.cls_token_id
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(loaded.state_dict()[name], value)
+
+
+def test_loading_shows_no_progress_bar_and_leaves_transformers_setting(capsys):
+    from transformers.utils import logging as transformers_logging
+
+    assert transformers_logging.is_progress_bar_enabled()
+    load_agreement_model()
+    assert transformers_logging.is_progress_bar_enabled()
+    assert "Loading weights" not in capsys.readouterr().err
+
+
+def test_loading_from_a_directory_without_a_model_names_the_fix(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no saved model.*models.train --out DIR"):
+        load_agreement_model(tmp_path)
 
 
 def test_bundled_model_is_small_offline_and_accurate():

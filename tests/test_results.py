@@ -64,6 +64,22 @@ def test_plot_draws_one_line_per_method_per_reference():
     assert len(axes.collections) == 2  # the std bands of the per-layer methods
 
 
+def test_plot_registers_no_pyplot_figure_and_draws_on_given_axes():
+    import matplotlib.pyplot as plt
+
+    before = plt.get_fignums()
+    example_result().plot()
+    assert plt.get_fignums() == before  # a notebook shows the returned figure once
+    figure, axes = plt.subplots()
+    try:
+        assert example_result().plot(ax=axes) is figure
+        assert len(axes.get_lines()) == 3
+        with pytest.raises(ValueError, match="one axes per reference"):
+            example_result().plot(ax=[axes, axes])
+    finally:
+        plt.close(figure)
+
+
 def test_save_load_merge(tmp_path):
     full = example_result()
     first = ComparisonResult(full.example_ids[:2], {k: v[:2] for k, v in full.scores.items()})

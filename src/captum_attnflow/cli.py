@@ -11,18 +11,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import torch
-from transformers import PreTrainedTokenizerFast
-from transformers.utils import logging as transformers_logging
 
 from captum_attnflow.attr import AttentionFlow, AttentionRollout, RawAttention
 from captum_attnflow.baselines import BlankOut, TokenSaliency
 from captum_attnflow.data.agreement import PLURAL, SINGULAR
-from captum_attnflow.models import AgreementModel, load_agreement_model
+from captum_attnflow.models import load_agreement_model
 from captum_attnflow.reproduce import reproduce
 from captum_attnflow.visualize import plot_methods
 
@@ -152,24 +149,7 @@ def _whole_number(value: str, expected: str, below_one: str) -> int:
 def _load(directory: Path | None) -> tuple[Any, Any]:
     if directory is not None and not directory.is_dir():
         raise FileNotFoundError(f"--model {directory} is not a directory saved with save_pretrained.")
-    with _no_loading_bar():
-        if directory is None:
-            return load_agreement_model()
-        model = AgreementModel.from_pretrained(directory, local_files_only=True).eval()
-        return model, PreTrainedTokenizerFast.from_pretrained(directory, local_files_only=True)
-
-
-@contextmanager
-def _no_loading_bar() -> Iterator[None]:
-    """Hide the "Loading weights" bar transformers draws on every ``from_pretrained``: for a
-    model of a few hundred kilobytes it is only noise in the command's output."""
-    enabled = transformers_logging.is_progress_bar_enabled()
-    transformers_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if enabled:
-            transformers_logging.enable_progress_bar()
+    return load_agreement_model(directory)
 
 
 def _explain(args: argparse.Namespace) -> int:

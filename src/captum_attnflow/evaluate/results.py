@@ -180,23 +180,22 @@ class ComparisonResult:
                 for one reference); None (default) makes a new figure.
 
         Returns:
-            matplotlib.figure.Figure: the figure drawn on.
+            matplotlib.figure.Figure: the figure drawn on; a new one is not registered with
+            pyplot (nothing to close; a notebook shows it once, as the cell's value).
 
         Example::
 
-            >>> import matplotlib.pyplot as plt
             >>> result = ComparisonResult([0, 1], {("raw", "grad", 1): [0.2, 0.4], ("raw", "grad", 2): [0.3, 0.5]})
             >>> figure = result.plot()
             >>> len(figure.axes)  # one panel per reference
             1
-            >>> plt.close(figure)
         """
-        import matplotlib.pyplot as plt
+        from matplotlib.figure import Figure
 
         references = self.references
         if ax is None:
-            figure, axes = plt.subplots(1, len(references), figsize=(5 * len(references), 3.5), squeeze=False)
-            axes = list(axes[0])
+            figure = Figure(figsize=(5 * len(references), 3.5), layout="constrained")
+            axes = list(figure.subplots(1, len(references), squeeze=False)[0])
         else:
             axes = list(np.atleast_1d(ax))
             figure = axes[0].figure
@@ -221,7 +220,6 @@ class ComparisonResult:
             axes_.set_ylabel(f"Spearman with {reference}")
             axes_.set_title(reference)
             axes_.legend()
-        figure.tight_layout()
         return figure
 
     def save(self, path: str | Path) -> None:

@@ -49,7 +49,8 @@ def flow(
 
     Entry ``[b, a, j]`` is the maximum flow from node ``(layer, sources[a])`` to node
     ``(0, j)`` in the graph of :math:`A_1..A_{layer}` of example ``b`` (section 3 of the paper);
-    it lies in ``[0, 1]`` because a node's out-capacity is a row of :math:`A`, which sums to 1.
+    it lies in ``[0, 1]`` because a node's out-capacity is a row of :math:`A`, which sums to 1
+    (up to the float32 rounding of that sum: a flow may exceed 1 by ~1e-7).
 
     Args:
         attentions: L tensors (B, H, n, n) in the transformers layout (row = query), or one

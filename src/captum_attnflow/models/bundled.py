@@ -2,20 +2,28 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from transformers import PreTrainedTokenizerFast
+from transformers.utils import logging as transformers_logging
 
 from captum_attnflow.models.agreement import AgreementModel
 
 ASSET_DIR = Path(__file__).resolve().parent.parent / "assets" / "agreement"
 
 
-def load_agreement_model() -> tuple[AgreementModel, PreTrainedTokenizerFast]:
+def load_agreement_model(directory: str | Path | None = None) -> tuple[AgreementModel, PreTrainedTokenizerFast]:
     """The bundled trained verb-number model (eval mode, CPU, sdpa attention) and its tokenizer.
 
     Trained with ``python -m captum_attnflow.models.train`` (defaults); the held-out accuracy
-    measured then is in ``assets/agreement/eval_results.json``.
+    measured then is in ``assets/agreement/eval_results.json``. Loads offline and without
+    transformers' "Loading weights" progress bar (noise for a model of a few hundred kB).
+
+    Args:
+        directory: a checkpoint saved by the training command (``save_pretrained``) to load
+            instead of the bundled one; None (default) loads the bundled model.
 
     Returns:
         tuple: ``(model, tokenizer)``, an :class:`~captum_attnflow.models.AgreementModel`
@@ -23,7 +31,8 @@ def load_agreement_model() -> tuple[AgreementModel, PreTrainedTokenizerFast]:
         :class:`~transformers.PreTrainedTokenizerFast` that prepends ``[CLS]``.
 
     Raises:
-        FileNotFoundError: the package was installed without its model files.
+        FileNotFoundError: the package was installed without its model files, or
+            ``directory`` holds no saved model.
 
     Example:
         >>> model, tokenizer = load_agreement_model()
@@ -31,12 +40,31 @@ def load_agreement_model() -> tuple[AgreementModel, PreTrainedTokenizerFast]:
         >>> model(**batch).logits.argmax(-1).item()  # 1: plural
         1
     """
-    if not (ASSET_DIR / "model.safetensors").is_file():
+    if directory is None and not (ASSET_DIR / "model.safetensors").is_file():
         raise FileNotFoundError(
             f"the bundled agreement model is missing from {ASSET_DIR}; reinstall captum-attnflow, "
             "or train one with `python -m captum_attnflow.models.train --out DIR` and load it with "
-            "AgreementModel.from_pretrained(DIR)."
+            "load_agreement_model(DIR)."
         )
-    model = AgreementModel.from_pretrained(ASSET_DIR, local_files_only=True).eval()
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(ASSET_DIR, local_files_only=True)
+    if directory is not None and not (Path(directory) / "config.json").is_file():
+        raise FileNotFoundError(
+            f"{directory} holds no saved model (no config.json); pass a directory written by "
+            "`python -m captum_attnflow.models.train --out DIR`, or None for the bundled model."
+        )
+    path = ASSET_DIR if directory is None else Path(directory)
+    with _no_loading_bar():
+        model = AgreementModel.from_pretrained(path, local_files_only=True).eval()
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
     return model, tokenizer
+
+
+@contextmanager
+def _no_loading_bar() -> Iterator[None]:
+    """Hide the "Loading weights" bar transformers draws on every ``from_pretrained``."""
+    enabled = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            transformers_logging.enable_progress_bar()
