@@ -228,3 +228,35 @@ def test_rollout_on_cuda_equals_cpu_and_stays_on_the_inputs_device(arch):
 def test_docstring_examples_run():
     results = doctest.testmod(importlib.import_module("captum_attnflow.attr.rollout"))
     assert results.attempted > 0 and results.failed == 0
+
+
+@pytest.mark.parametrize("method", ["raw", "rollout", "flow"])
+def test_vision_transformer_pixels_give_scores_over_its_tokens(method):
+    from transformers import ViTConfig, ViTForImageClassification
+
+    from captum_attnflow import AttentionFlow, RawAttention
+    from captum_attnflow.functional import flow
+
+    torch.manual_seed(0)
+    config = ViTConfig(
+        image_size=8, patch_size=4, num_channels=3, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=64, num_labels=3,
+    )
+    model = ViTForImageClassification(config).eval()  # sdpa, as loaded
+    pixels = torch.randn(2, 3, 8, 8)
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        attentions = model(pixels, output_attentions=True).attentions  # 4 patches + [CLS]: n = 5
+    model.set_attn_implementation("sdpa")
+    expected = {
+        "raw": attentions[-1].mean(1)[:, 0],  # raw attention: no residual by default
+        "rollout": rollout(attentions)[-1, :, 0],
+        "flow": flow(attentions, sources=0)[:, 0],
+    }[method]
+    explainer = {"raw": RawAttention, "rollout": AttentionRollout, "flow": AttentionFlow}[method](model)
+    scores = explainer.attribute(pixels, target=1)
+    assert scores.shape == (2, 5)
+    torch.testing.assert_close(scores, expected)
+    assert model.config._attn_implementation == "sdpa"
+    with pytest.raises(ValueError, match="images have no padding"):
+        explainer.attribute(pixels, attention_mask=torch.ones(2, 5))

@@ -37,28 +37,38 @@ class AttentionAttribution(Attribution):
     def _attentions(
         self, inputs: Tensor, additional_forward_args: Any, attention_mask: Tensor | None
     ) -> tuple[Tensor, ...]:
-        """Check ``inputs`` are token ids (B, n) and return the model's attentions for them."""
+        """Check ``inputs`` and return the model's attentions for them.
+
+        ``inputs`` are token ids (B, n), or pixel values (B, C, H, W) of a vision transformer,
+        whose n tokens ([CLS] and the patches) come from the model.
+        """
         if not isinstance(inputs, Tensor):
             raise TypeError(f"inputs must be a tensor of token ids (B, n), got {type(inputs).__name__}.")
-        if inputs.dim() != 2:
+        images = inputs.dtype.is_floating_point and inputs.dim() == 4
+        if images and attention_mask is not None:
+            raise ValueError(
+                "attention_mask was given with image inputs (B, C, H, W): images have no padding, drop it."
+            )
+        if not images and inputs.dim() != 2:
             raise ValueError(
                 f"inputs must be token ids of shape (B, n), got shape {tuple(inputs.shape)}; "
-                "for one sentence use inputs.unsqueeze(0)."
+                "for one sentence use inputs.unsqueeze(0) (images: pixel values (B, C, H, W))."
             )
-        if inputs.shape[1] == 0:
+        if not images and inputs.shape[1] == 0:
             raise ValueError("empty sequence: inputs have no tokens (n = 0).")
-        if inputs.dtype.is_floating_point:
+        if not images and inputs.dtype.is_floating_point:
             raise TypeError(
                 f"inputs must be integer token ids, got dtype {inputs.dtype}; these methods explain "
                 "tokens, so pass input_ids rather than embeddings."
             )
         attentions = extract_attentions(self.forward_func, inputs, additional_forward_args, attention_mask)
         first = attentions[0]
-        batch, n = inputs.shape
+        batch = inputs.shape[0]
+        n = first.shape[-1] if images else inputs.shape[1]
         if first.dim() != 4 or first.shape[0] != batch or tuple(first.shape[-2:]) != (n, n):
             raise ValueError(
                 f"forward_func returned attentions of shape {tuple(first.shape)} for inputs of shape "
-                f"{(batch, n)}; expected one (B, H, n, n) = ({batch}, H, {n}, {n}) tensor per layer, "
+                f"{tuple(inputs.shape)}; expected one (B, H, n, n) = ({batch}, H, {n}, {n}) tensor per layer, "
                 "row = query, as transformers returns for output_attentions=True."
             )
         return attentions
@@ -70,7 +80,9 @@ class AttentionAttribution(Attribution):
 
 _ATTRIBUTE_ARGS_DOC = """
         Args:
-            inputs (Tensor): token ids, shape (B, n).
+            inputs (Tensor): token ids, shape (B, n); or, for a vision transformer (ViT,
+                DeiT, ...), pixel values (B, C, H, W): then the n explained tokens are the
+                model's ([CLS] and the patches, in the model's order) and the result is (B, n).
             target: accepted for compatibility with Captum and ignored: attention-based
                 attributions are class-agnostic, they explain a position's representation,
                 not a class score.
