@@ -95,6 +95,55 @@ def test_vision_transformer_attentions():
             torch.testing.assert_close(ours, reference)
 
 
+ENCODER_DECODERS = {
+    "bart": lambda: transformers.BartModel(
+        transformers.BartConfig(
+            vocab_size=60, d_model=32, encoder_layers=2, decoder_layers=1, encoder_attention_heads=4,
+            decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
+        )
+    ),
+    "t5": lambda: transformers.T5ForConditionalGeneration(
+        transformers.T5Config(vocab_size=60, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=1, num_heads=4)
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ENCODER_DECODERS))
+def test_encoder_decoder_models_give_their_encoders_attentions(name):
+    torch.manual_seed(0)
+    model = ENCODER_DECODERS[name]().eval()  # sdpa, as loaded; T5 cannot even run without decoder inputs
+    before = full_state(model)
+    mask = torch.ones_like(IDS)
+    mask[1, 4:] = 0
+    attentions = extract_attentions(model, IDS, attention_mask=mask)
+    assert full_state(model) == before
+    with eager_attention(model), torch.no_grad():
+        reference = model.get_encoder()(IDS, attention_mask=mask, output_attentions=True).attentions
+    assert len(attentions) == 2
+    for ours, expected in zip(attentions, reference):
+        torch.testing.assert_close(ours, expected)
+    with pytest.raises(ValueError, match="encoder-decoder model.*takes no additional_forward_args"):
+        extract_attentions(model, IDS, additional_forward_args=(IDS,))
+
+
+def test_wrapper_around_an_encoder_decoder_model_gives_the_encoders_attentions():
+    class LastStateMean(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.seq2seq = ENCODER_DECODERS["bart"]()  # called whole: decoder inputs made from the ids
+
+        def forward(self, ids):
+            return self.seq2seq(ids).last_hidden_state.mean(1)
+
+    torch.manual_seed(0)
+    wrapper = LastStateMean().eval()
+    attentions = extract_attentions(wrapper, IDS)
+    with eager_attention(wrapper), torch.no_grad():
+        reference = wrapper.seq2seq.get_encoder()(IDS, output_attentions=True).attentions
+    for ours, expected in zip(attentions, reference):
+        torch.testing.assert_close(ours, expected)
+
+
 def test_eager_attention_restores_every_config_of_a_composite_model():
     text = transformers.BertConfig(
         vocab_size=60, hidden_size=32, num_attention_heads=4, intermediate_size=64, num_hidden_layers=2

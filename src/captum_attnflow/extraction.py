@@ -35,12 +35,15 @@ def extract_attentions(
       attention_mask=attention_mask, output_attentions=True)`` with eager attention. With left
       padding it also gets ``position_ids`` counted over real tokens, as ``generate`` does, so a
       padded sentence is encoded exactly as it is alone (models whose position embedding has a
-      ``padding_idx``, like RoBERTa, count positions from the pad token themselves);
+      ``padding_idx``, like RoBERTa, count positions from the pad token themselves). Of an
+      encoder-decoder model (T5, BART, ...) only the encoder runs: its self-attentions are the
+      ones over the input tokens;
     * any ``nn.Module`` (or bound method of one) that contains a Hugging Face model, e.g. a
       classifier or sentence-embedding wrapper: called as
       ``forward_func(inputs, *additional_forward_args)`` while the attentions of its outermost
       Hugging Face model are captured. With padding, the wrapper must pass the mask on to the
-      model itself (e.g. through ``additional_forward_args``); it is an error if it does not;
+      model itself (e.g. through ``additional_forward_args``); it is an error if it does not.
+      An encoder-decoder model called by the wrapper gives its encoder's attentions;
     * any other callable ``forward_func(inputs, *additional_forward_args)`` that returns the
       attentions: a sequence of (B, H, n, n) tensors, an (L, B, H, n, n) tensor, or an object
       with an ``attentions`` attribute.
@@ -84,12 +87,13 @@ def extract_attentions(
         attention_mask = torch.as_tensor(attention_mask).to(inputs.device)
     with torch.no_grad():
         if isinstance(forward_func, PreTrainedModel):
+            model = _encoder_of(forward_func, args)
             with eager_attention(forward_func), _unchanged(forward_func):
                 kwargs: dict[str, Any] = {"output_attentions": True}
                 if attention_mask is not None:
                     kwargs["attention_mask"] = attention_mask
-                    kwargs.update(_left_padding_positions(forward_func, attention_mask, len(args)))
-                output = forward_func(inputs, *args, **kwargs)
+                    kwargs.update(_left_padding_positions(model, attention_mask, len(args)))
+                output = model(inputs, *args, **kwargs)
         elif module is not None and _hf_models(module):
             with _unchanged(module):
                 output = _captured_attentions(module, lambda: forward_func(inputs, *args), attention_mask)
@@ -224,6 +228,20 @@ def _captured_attentions(
     return _attentions_of(captured[0])
 
 
+def _encoder_of(model: PreTrainedModel, args: tuple) -> nn.Module:
+    """The module to run for the attentions over the input tokens: the encoder of an
+    encoder-decoder model (T5, BART, ...), else the model itself."""
+    if not getattr(model.config, "is_encoder_decoder", False):
+        return model
+    if args:
+        raise ValueError(
+            f"{type(model).__name__} is an encoder-decoder model: the attention methods explain its input "
+            "tokens through the encoder's self-attention and run the encoder alone, which takes no "
+            "additional_forward_args; drop them (decoder inputs do not change the encoder's attentions)."
+        )
+    return model.get_encoder()
+
+
 def _left_padding_positions(model: nn.Module, attention_mask: Tensor, num_args: int) -> dict[str, Tensor]:
     """``position_ids`` counted over real tokens when ``attention_mask`` has left padding, else nothing.
 
@@ -254,7 +272,8 @@ def _call_argument(model: nn.Module, args: tuple, kwargs: dict, name: str) -> An
 
 
 def _attentions_of(output: Any) -> tuple[Tensor, ...]:
-    attentions = getattr(output, "attentions", output)
+    # An encoder-decoder output has no .attentions: its input tokens' are the encoder's.
+    attentions = getattr(output, "attentions", getattr(output, "encoder_attentions", output))
     if isinstance(attentions, Tensor):
         attentions = tuple(attentions) if attentions.dim() == 5 else None
     if isinstance(attentions, (tuple, list)) and attentions and all(isinstance(a, Tensor) for a in attentions):
