@@ -19,6 +19,11 @@ CONFIGS = {
     "gpt2": lambda: transformers.GPT2Config(
         vocab_size=60, n_embd=32, n_head=4, n_layer=3, n_positions=64, bos_token_id=0, eos_token_id=0
     ),
+    # a modern decoder: rotary positions, grouped-query attention (4 query heads share 2 key heads)
+    "llama": lambda: transformers.LlamaConfig(
+        num_hidden_layers=3, num_key_value_heads=2, max_position_embeddings=64, bos_token_id=0, eos_token_id=0,
+        pad_token_id=0, **TINY
+    ),
 }
 
 MODEL_CLASSES = {
@@ -26,7 +31,11 @@ MODEL_CLASSES = {
     "distilbert": transformers.DistilBertModel,
     "roberta": transformers.RobertaModel,
     "gpt2": transformers.GPT2Model,
+    "llama": transformers.LlamaModel,
 }
+
+# Decoders: a position sees only the tokens up to it, so the last token is the one to explain.
+CAUSAL = {"gpt2", "llama"}
 
 
 def make_tiny_model(arch: str, attn_implementation: str | None = None, seed: int = 0) -> torch.nn.Module:

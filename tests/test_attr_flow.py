@@ -7,10 +7,10 @@ import torch
 from _classifier import model_state
 from captum_attnflow import AttentionFlow
 from captum_attnflow.functional import flow
-from conftest import make_tiny_model
+from conftest import CAUSAL, make_tiny_model
 
 IDS = torch.tensor([[5, 9, 13, 22, 7, 30], [6, 8, 10, 11, 12, 14]])
-PAD_ID = {"bert": 0, "distilbert": 0, "roberta": 1, "gpt2": 0}
+PAD_ID = {"bert": 0, "distilbert": 0, "roberta": 1, "gpt2": 0, "llama": 0}
 
 
 def eager_attentions(arch, ids, **kwargs):
@@ -34,7 +34,7 @@ def test_flow_of_sdpa_model_equals_functional_flow_and_leaves_model_unchanged(ar
     assert model_state(model) == before and model.config._attn_implementation == "sdpa"
 
 
-@pytest.mark.parametrize("arch", ["bert", "gpt2"])
+@pytest.mark.parametrize("arch", ["bert", "gpt2", "llama"])
 def test_padding_invariance(arch):
     """Each sentence padded in a batch gets its flows alone on its real tokens; padding gets 0."""
     sentences = [[5, 9, 13, 22, 7], [6, 8, 10, 11, 12, 14, 15, 16], [20, 21, 23]]
@@ -45,7 +45,7 @@ def test_padding_invariance(arch):
         ids[row, : len(sentence)] = torch.tensor(sentence)
         mask[row, : len(sentence)] = 1
     explainer = AttentionFlow(make_tiny_model(arch))
-    positions = mask.sum(1) - 1 if arch == "gpt2" else torch.zeros(3, dtype=torch.long)
+    positions = mask.sum(1) - 1 if arch in CAUSAL else torch.zeros(3, dtype=torch.long)
     batch = explainer.attribute(ids, position=positions, layer=None, attention_mask=mask)
     for row, sentence in enumerate(sentences):
         alone = explainer.attribute(torch.tensor([sentence]), position=int(positions[row]), layer=None)

@@ -8,15 +8,15 @@ import torch
 from _classifier import FirstTokenClassifier, model_state
 from captum_attnflow import AttentionRollout
 from captum_attnflow.functional import rollout
-from conftest import make_tiny_model
+from conftest import CAUSAL, make_tiny_model
 
 IDS = torch.tensor([[5, 9, 13, 22, 7, 30], [6, 8, 10, 11, 12, 14]])
-PAD_ID = {"bert": 0, "distilbert": 0, "roberta": 1, "gpt2": 0}
+PAD_ID = {"bert": 0, "distilbert": 0, "roberta": 1, "gpt2": 0, "llama": 0}
 
 
 def explained_position(arch):
     """A position that sees the whole sentence: the first token, or the last one for causal GPT-2."""
-    return -1 if arch == "gpt2" else 0
+    return -1 if arch in CAUSAL else 0
 
 
 def eager_rollout(arch, ids, **kwargs):
@@ -68,12 +68,12 @@ def padded(sentences, arch, side):
 def test_padding_invariance(arch, side):
     """Each sentence padded in a batch gets, on its real tokens, its attributions alone to 1e-6; padding gets 0."""
     if side == "left" and arch in ("distilbert", "roberta"):
-        pytest.skip("left padding is checked on one absolute-position encoder (BERT) and on GPT-2")
+        pytest.skip("left padding is checked on one absolute-position encoder (BERT) and on the decoders")
     sentences = [[5, 9, 13, 22, 7], [6, 8, 10, 11, 12, 14, 15, 16], [20, 21, 23]]
     ids, mask = padded(sentences, arch, side)
     n = ids.shape[1]
     explainer = AttentionRollout(make_tiny_model(arch))
-    if arch == "gpt2":  # the last real token
+    if arch in CAUSAL:  # the last real token
         positions = mask.sum(1) - 1 if side == "right" else torch.full((3,), n - 1)
     else:  # the first real token
         positions = torch.zeros(3, dtype=torch.long) if side == "right" else n - mask.sum(1)
@@ -213,7 +213,7 @@ def test_inputs_and_model_on_different_devices_is_an_error():
 def test_rollout_on_cuda_equals_cpu_and_stays_on_the_inputs_device(arch):
     model = make_tiny_model(arch)
     ids, mask = padded([[5, 9, 13, 22, 7], [6, 8, 10, 11, 12, 14, 15, 16]], arch, "right")
-    position = explained_position(arch) if arch != "gpt2" else mask.sum(1) - 1
+    position = explained_position(arch) if arch not in CAUSAL else mask.sum(1) - 1
     on_cpu = AttentionRollout(model).attribute(ids, position=position, layer=None, attention_mask=mask)
     cuda = copy.deepcopy(model).cuda()
     on_gpu = AttentionRollout(cuda).attribute(

@@ -230,7 +230,7 @@ def test_inputs_on_another_device_than_the_model_is_an_error():
         extract_attentions(model, IDS)
 
 
-@pytest.mark.parametrize("arch", ["bert", "gpt2"])
+@pytest.mark.parametrize("arch", ["bert", "gpt2", "llama"])
 def test_left_padding_gets_positions_counted_over_real_tokens(arch):
     model = make_tiny_model(arch)
     ids = torch.tensor([[0, 0, 5, 9, 13]])
