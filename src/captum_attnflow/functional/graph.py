@@ -141,8 +141,15 @@ def attention_graph(
     check_residual_alpha(residual_alpha)
     graph = torch.empty(len(layers), batch, n, n, dtype=torch.float32, device=device)
     if device.type == "cpu" and not any(layer.requires_grad for layer in layers):
+        heads = layers[0].shape[1]
+        row_sums = np.empty((len(layers), batch, heads, n), dtype=np.float32)
+        negative_sums = np.empty_like(row_sums)
         for index, layer in enumerate(layers):
-            _compiled_graph_layer(layer.float(), mask, head_fusion, residual_alpha, graph[index])
+            _compiled_graph_layer(
+                layer.float(), mask, head_fusion, residual_alpha, graph[index], row_sums[index], negative_sums[index]
+            )
+        # One check of all layers' row statistics: a call per layer costs more than a small graph.
+        check_row_statistics(torch.from_numpy(row_sums), torch.from_numpy(negative_sums), mask)
         return graph
     # Layer by layer rather than on a stacked copy: only the fused (L, B, n, n) graph is allocated.
     for index, layer in enumerate(layers):
@@ -156,14 +163,21 @@ def attention_graph(
     return add_residual(graph, residual_alpha)
 
 
-def _compiled_graph_layer(layer: Tensor, mask: Tensor, head_fusion: str, residual_alpha: float, out: Tensor) -> None:
+def _compiled_graph_layer(
+    layer: Tensor,
+    mask: Tensor,
+    head_fusion: str,
+    residual_alpha: float,
+    out: Tensor,
+    row_sums: np.ndarray,
+    negative_sums: np.ndarray,
+) -> None:
     """One layer of :func:`attention_graph` for CPU tensors without gradients, written into ``out`` (B, n, n).
 
-    The same checks and maths as the torch ops above, in one pass over the attentions.
+    The same maths as the torch ops above, in one pass over the attentions; the statistics
+    the checks need, each row's sum and the sum of its negative entries, go to ``row_sums``
+    and ``negative_sums`` (B, H, n).
     """
-    batch, heads, n, _ = layer.shape
-    row_sums = np.empty((batch, heads, n), dtype=np.float32)
-    negative_sums = np.empty((batch, heads, n), dtype=np.float32)
     _graph_layer_kernel(
         layer.contiguous().numpy(),
         mask.numpy(),
@@ -173,7 +187,6 @@ def _compiled_graph_layer(layer: Tensor, mask: Tensor, head_fusion: str, residua
         row_sums,
         negative_sums,
     )
-    check_row_statistics(torch.from_numpy(row_sums), torch.from_numpy(negative_sums), mask)
 
 
 # Attentions are far larger than anything else here (144 MiB for BERT-base at n=512), so the
