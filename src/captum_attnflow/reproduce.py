@@ -65,6 +65,9 @@ TABLE_NUMBERS = {"blank-out": 1, "input gradients": 2}
 # 2400 sequences), and blank-out took 2x the CPU time with all positions of a 200-example
 # batch in one pass than with one position per pass.
 BLANK_OUT_SEQUENCES = 256
+# Scores this close count as tied in the ground truth: flow gives many tokens the source's
+# whole unit of flow, equal up to float32 rounding of the attention rows (~1e-7).
+TIE_ATOL = 1e-6
 
 
 @dataclass
@@ -77,6 +80,8 @@ class Reproduction:
         subject_first: method -> bool (L, M) for attention methods, (1, M) for the references:
             whether the method scores the subject strictly above every attractor, on the M
             examples with at least one attractor.
+        subject_tied: the same shapes: whether the subject's score equals the highest
+            attractor score within ``TIE_ATOL`` (1e-6), so neither above nor below it.
         num_attractors: (M,) the number of attractors of those examples.
         correct: (N,) bool, whether the model predicts the verb's number of each example.
         has_attractors: (N,) bool.
@@ -96,6 +101,7 @@ class Reproduction:
 
     correlations: ComparisonResult
     subject_first: dict[str, np.ndarray]
+    subject_tied: dict[str, np.ndarray]
     num_attractors: np.ndarray
     correct: np.ndarray
     has_attractors: np.ndarray
@@ -119,6 +125,24 @@ class Reproduction:
         fractions = {name: first.mean(1) for name, first in self.subject_first.items()}
         fractions["chance"] = np.array([np.mean(1.0 / (1.0 + self.num_attractors))])
         return fractions
+
+    def ground_truth_ties(self) -> dict[str, np.ndarray]:
+        """Method -> fraction of examples with attractors where the subject's score ties with the
+        highest attractor score (within 1e-6), per layer: neither a success nor a failure in
+        :meth:`ground_truth`. Flow ties often: it gives every token that can absorb it the
+        source's whole unit of flow.
+
+        Returns:
+            dict[str, numpy.ndarray]: ``{"raw", "rollout", "flow"}`` (L,), ``{"blank-out",
+            "input gradients"}`` (1,).
+
+        Example::
+
+            >>> result = reproduce(num_samples=20, progress=False)
+            >>> [round(float(value), 3) for value in result.ground_truth_ties()["flow"]]
+            [0.0, 0.0, 0.0, 0.538, 0.538, 0.538]
+        """
+        return {name: tied.mean(1) for name, tied in self.subject_tied.items()}
 
     def table(self, reference: str) -> list[dict]:
         """Rows (method, layer, ours mean / std / count, paper mean / std) for one reference.
@@ -204,6 +228,10 @@ class Reproduction:
         lines += ["", "| reference | model output |", "|---|---|"]
         for name in (*REFERENCES, "chance"):
             lines.append(f"| {name} | {fractions[name][0]:.3f} |")
+        tied = {name: values for name, values in self.ground_truth_ties().items() if values.any()}
+        if tied:
+            listed = "; ".join(f"{name} " + ", ".join(f"{value:.3f}" for value in values) for name, values in tied.items())
+            lines += ["", f"Tied with the highest-scored attractor (within {TIE_ATOL:g}), neither above nor below: {listed}."]
         return "\n".join(lines)
 
     def to_csv(self, directory: str | Path) -> list[Path]:
@@ -223,13 +251,14 @@ class Reproduction:
             _write_csv(path, fields, self.table(reference))
             paths.append(path)
         path = directory / "ground_truth.csv"
+        ties = self.ground_truth_ties()
         rows = [
             dict(method=name, layer=index + 1 if name in ATTENTION_METHODS else "", fraction=value,
-                 examples=len(self.num_attractors))
+                 tied_fraction=ties[name][index] if name in ties else "", examples=len(self.num_attractors))
             for name, values in self.ground_truth().items()
             for index, value in enumerate(values)
         ]
-        _write_csv(path, ["method", "layer", "fraction", "examples"], rows)
+        _write_csv(path, ["method", "layer", "fraction", "tied_fraction", "examples"], rows)
         paths.append(path)
         return paths
 
@@ -258,9 +287,13 @@ class Reproduction:
             ax.set_title(f"Table {TABLE_NUMBERS[reference]}: Spearman with {reference}")
             ax.legend(fontsize="small")
         fractions = self.ground_truth()
+        ties = self.ground_truth_ties()
         for index, method in enumerate(ATTENTION_METHODS):
             layers = np.arange(1, len(fractions[method]) + 1)
             axes[2].plot(layers, fractions[method], marker="o", color=f"C{index}", label=method)
+            if ties[method].any():
+                axes[2].plot(layers, fractions[method] + ties[method], linestyle=":", color=f"C{index}",
+                             label=f"{method}, above or tied")
         for index, name in enumerate((*REFERENCES, "chance"), start=len(ATTENTION_METHODS)):
             axes[2].axhline(fractions[name][0], linestyle="--", color=f"C{index}", label=name)
         axes[2].set_xticks(layers, [f"L{layer}" for layer in layers])
@@ -372,13 +405,14 @@ def reproduce(
     inverse = np.argsort(np.concatenate([batch["indices"] for batch in batches]))
     correct = np.concatenate([batch["correct"] for batch in batches])[inverse]
     has_attractors = np.array([example.num_attractors > 0 for example in examples])
-    subject_first = {
-        name: np.concatenate([batch["subject_first"][name] for batch in batches], axis=1)
-        for name in batches[0]["subject_first"]
-    }
+    subject_first, subject_tied = (
+        {name: np.concatenate([batch[key][name] for batch in batches], axis=1) for name in batches[0][key]}
+        for key in ("subject_first", "subject_tied")
+    )
     num_attractors = np.concatenate([batch["num_attractors"] for batch in batches])
     return Reproduction(
-        correlations, subject_first, num_attractors, correct, has_attractors, seed, time.perf_counter() - start
+        correlations, subject_first, subject_tied, num_attractors, correct, has_attractors, seed,
+        time.perf_counter() - start,
     )
 
 
@@ -410,21 +444,24 @@ def _run_batch(
 
     attractors = batch["attractor_positions"]
     with_attractors = (attractors >= 0).any(1)
-    subject_first = {
-        name: _subject_first(scores, batch["subject_positions"], attractors)[:, with_attractors].numpy()
-        for name, scores in {**attention_scores, **{k: v[None] for k, v in references.items()}}.items()
-    }
+    subject_first, subject_tied = {}, {}
+    for name, scores in {**attention_scores, **{k: v[None] for k, v in references.items()}}.items():
+        above, tied = _subject_versus_attractors(scores, batch["subject_positions"], attractors)
+        subject_first[name] = above[:, with_attractors].numpy()
+        subject_tied[name] = tied[:, with_attractors].numpy()
     return dict(
         correlations=correlations,
         subject_first=subject_first,
+        subject_tied=subject_tied,
         num_attractors=(attractors >= 0).sum(1)[with_attractors].numpy(),
         correct=(predictions == labels).numpy(),
         indices=np.asarray(indices),
     )
 
 
-def _subject_first(scores: Tensor, subjects: Tensor, attractors: Tensor) -> Tensor:
-    """(L, B) bool: the score at the subject is strictly above the score of every attractor.
+def _subject_versus_attractors(scores: Tensor, subjects: Tensor, attractors: Tensor) -> tuple[Tensor, Tensor]:
+    """(L, B) bool twice: the subject's score is above every attractor's, and it ties with the
+    highest of them (within ``TIE_ATOL``); "above" excludes ties.
 
     Args:
         scores: (L, B, n). subjects: (B,) positions. attractors: (B, K) positions, -1 for none.
@@ -432,8 +469,9 @@ def _subject_first(scores: Tensor, subjects: Tensor, attractors: Tensor) -> Tens
     num_layers = scores.shape[0]
     subject = scores.gather(2, subjects[None, :, None].expand(num_layers, -1, 1))[..., 0]
     at_attractors = scores.gather(2, attractors.clamp(min=0)[None].expand(num_layers, -1, -1))
-    at_attractors = at_attractors.masked_fill(attractors[None] < 0, float("-inf"))
-    return subject > at_attractors.amax(2)
+    best_attractor = at_attractors.masked_fill(attractors[None] < 0, float("-inf")).amax(2)
+    tied = (subject - best_attractor).abs() <= TIE_ATOL
+    return (subject > best_attractor) & ~tied, tied
 
 
 def _write_csv(path: Path, fields: list[str], rows: list[dict]) -> None:
