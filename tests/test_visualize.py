@@ -18,6 +18,7 @@ from captum_attnflow.visualize import (
     plot_flow_graph,
     plot_layer_heatmap,
     plot_methods,
+    plot_patch_heatmap,
     to_visualization_record,
 )
 
@@ -151,6 +152,49 @@ def test_flow_graph_rejects_long_inputs_and_bad_indices():
         plot_flow_graph(attentions, ["a", "b", "c"], position=3)
     with pytest.raises(ValueError, match="scores must be"):
         plot_flow_graph(attentions, ["a", "b", "c"], scores=torch.rand(4))
+
+
+def test_patch_heatmap_lays_the_patch_scores_out_row_major_over_the_image():
+    scores = torch.arange(17, dtype=torch.float32)  # [CLS] then patches 1..16
+    figure = plot_patch_heatmap(scores, image=torch.rand(3, 32, 48), grid=(4, 4), title="rollout")
+    background, heatmap = figure.axes[0].images
+    assert background.get_array().shape == (32, 48, 3)
+    np.testing.assert_array_equal(heatmap.get_array(), np.arange(1, 17).reshape(4, 4))
+    assert heatmap.get_extent() == [0, 48, 32, 0]  # stretched over the whole image
+    assert _png_bytes(figure)
+
+
+def test_patch_heatmap_without_image_with_two_special_tokens_and_a_wide_grid():
+    figure = plot_patch_heatmap(np.arange(8.0), grid=(2, 3), special_tokens=2)
+    (heatmap,) = figure.axes[0].images
+    np.testing.assert_array_equal(heatmap.get_array(), [[2, 3, 4], [5, 6, 7]])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(scores=torch.rand(11)), r"10 patch scores \(n = 11 minus 1 special tokens\) do not fill a 3 x 3 grid"),
+        (dict(scores=torch.rand(2, 17)), r"one example's \(n,\) scores"),
+        (dict(scores=torch.rand(17), image=torch.rand(2, 3, 8, 8)), "image must be"),
+    ],
+)
+def test_patch_heatmap_rejects_bad_input(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        plot_patch_heatmap(**kwargs)
+
+
+def test_patch_heatmap_of_a_vision_transformers_rollout():
+    from transformers import ViTConfig, ViTModel
+
+    from captum_attnflow import AttentionRollout
+
+    torch.manual_seed(0)
+    config = ViTConfig(image_size=16, patch_size=4, num_channels=3, hidden_size=32, num_hidden_layers=2,
+                       num_attention_heads=4, intermediate_size=64)
+    pixels = torch.randn(1, 3, 16, 16)
+    scores = AttentionRollout(ViTModel(config).eval()).attribute(pixels)  # (1, 1 + 16)
+    heatmap = plot_patch_heatmap(scores[0], image=pixels[0]).axes[0].images[1]
+    np.testing.assert_allclose(heatmap.get_array(), scores[0, 1:].reshape(4, 4).numpy())
 
 
 def test_docstring_examples_run():
