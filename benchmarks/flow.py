@@ -159,6 +159,15 @@ def ratio(baseline: list[float], ours: list[float]) -> float:
     return statistics.median(b / o for b, o in zip(baseline, ours))
 
 
+def one_source(name: str, attentions: torch.Tensor, source: int) -> tuple[str, np.ndarray, int, np.ndarray]:
+    """An input's label with its size, its graph as an adjacency matrix, the node index of
+    ``source`` at the top layer, and our flows from it to every input token."""
+    layers, n = attentions.shape[0], attentions.shape[-1]
+    matrix = adjacency(attention_graph(attentions)[:, 0].double().numpy())
+    ours_values = flow(attentions, sources=source)[0, 0].double().numpy()
+    return f"{name} L={layers} n={n}", matrix, layers * n + source, ours_values
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5, help="timed repeats of ours and scipy (default 5)")
@@ -181,11 +190,8 @@ def main() -> None:
     notes = []
 
     for name, (attentions, source) in small.items():
-        layers, n = attentions.shape[0], attentions.shape[-1]
-        name = f"{name} L={layers} n={n}"
-        matrix = adjacency(attention_graph(attentions)[:, 0].double().numpy())
-        top = layers * n + source
-        ours_values = flow(attentions, sources=source)[0, 0].double().numpy()
+        n = attentions.shape[-1]
+        name, matrix, top, ours_values = one_source(name, attentions, source)
         calls = {"ours": lambda: flow(attentions, sources=source)}
         for solver, func in NETWORKX_SOLVERS.items():
             calls[solver] = lambda func=func: networkx_flows(networkx_graph(matrix), top, range(n), func)
@@ -199,11 +205,8 @@ def main() -> None:
                          statistics.median(times["ours"]), speedup, ">= 1000x", speedup >= 1000))
 
     for name, (attentions, source) in large.items():
-        layers, n = attentions.shape[0], attentions.shape[-1]
-        name = f"{name} L={layers} n={n}"
-        matrix = adjacency(attention_graph(attentions)[:, 0].double().numpy())
-        top = layers * n + source
-        ours_values = flow(attentions, sources=source)[0, 0].double().numpy()
+        n = attentions.shape[-1]
+        name, matrix, top, ours_values = one_source(name, attentions, source)
         diff = np.abs(scipy_flows(matrix, top, range(n)) - ours_values).max()
         notes.append(f"{name}: max |ours - scipy dinic| = {diff:.1e} (integer capacities, scale 2**24)")
         times = interleaved_times(

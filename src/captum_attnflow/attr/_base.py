@@ -45,18 +45,19 @@ class AttentionAttribution(Attribution):
         if not isinstance(inputs, Tensor):
             raise TypeError(f"inputs must be a tensor of token ids (B, n), got {type(inputs).__name__}.")
         images = inputs.dtype.is_floating_point and inputs.dim() == 4
-        if images and attention_mask is not None:
-            raise ValueError(
-                "attention_mask was given with image inputs (B, C, H, W): images have no padding, drop it."
-            )
-        if not images and inputs.dim() != 2:
+        if images:
+            if attention_mask is not None:
+                raise ValueError(
+                    "attention_mask was given with image inputs (B, C, H, W): images have no padding, drop it."
+                )
+        elif inputs.dim() != 2:
             raise ValueError(
                 f"inputs must be token ids of shape (B, n), got shape {tuple(inputs.shape)}; "
                 "for one sentence use inputs.unsqueeze(0) (images: pixel values (B, C, H, W))."
             )
-        if not images and inputs.shape[1] == 0:
+        elif inputs.shape[1] == 0:
             raise ValueError("empty sequence: inputs have no tokens (n = 0).")
-        if not images and inputs.dtype.is_floating_point:
+        elif inputs.dtype.is_floating_point:
             raise TypeError(
                 f"inputs must be integer token ids, got dtype {inputs.dtype}; these methods explain "
                 "tokens, so pass input_ids rather than embeddings."

@@ -121,9 +121,9 @@ def attention_graph(
         ValueError: attentions of the wrong shape, or rows of real tokens that are negative,
             NaN or do not sum to 1 (see :func:`~captum_attnflow.functional._checks.check_attention_values`).
 
-    On CPU, for attentions that need no gradient, each layer is checked, fused and mixed in one
-    compiled pass (numba, compiled on first use and cached); otherwise (CUDA, autograd) torch
-    ops compute the same, differentiably.
+    On CPU, for attentions that need no gradient, each layer is fused and mixed in one compiled
+    pass (numba, compiled on first use and cached) that also gathers the row statistics, checked
+    once for all layers; otherwise (CUDA, autograd) torch ops compute the same, differentiably.
 
     Example::
 
