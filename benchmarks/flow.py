@@ -127,7 +127,7 @@ def scipy_flows(matrix: np.ndarray, source: int, sinks) -> np.ndarray:
 
 def below_bound(attentions: torch.Tensor, values: np.ndarray, sources) -> float:
     """Fraction of the (source, sink) flows more than 1e-6 below min(out-capacity, in-capacity)."""
-    graph = attention_graph(attentions)[:, 0].double().numpy()
+    graph = attention_graph(attentions).weights[:, 0].double().numpy()
     bound = np.minimum(graph[-1].sum(1)[sources][:, None], graph[0].sum(0)[None, :])
     return float((values < bound - 1e-6).mean())
 
@@ -163,7 +163,7 @@ def one_source(name: str, attentions: torch.Tensor, source: int) -> tuple[str, n
     """An input's label with its size, its graph as an adjacency matrix, the node index of
     ``source`` at the top layer, and our flows from it to every input token."""
     layers, n = attentions.shape[0], attentions.shape[-1]
-    matrix = adjacency(attention_graph(attentions)[:, 0].double().numpy())
+    matrix = adjacency(attention_graph(attentions).weights[:, 0].double().numpy())
     ours_values = flow(attentions, sources=source)[0, 0].double().numpy()
     return f"{name} L={layers} n={n}", matrix, layers * n + source, ours_values
 

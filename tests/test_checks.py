@@ -1,13 +1,14 @@
 import pytest
 import torch
 
-from captum_attnflow.functional._checks import (
+from captum_attnflow.functional.checks import (
     as_mask,
     attention_layers,
     check_attention_values,
     check_residual_alpha,
     layer_indices,
-    position_indices,
+    default_position,
+    positions,
     stack_attentions,
 )
 
@@ -105,24 +106,51 @@ def test_layer_indices():
             layer_indices(bad, 4)
 
 
-def test_position_indices():
+def test_positions_one_meaning_for_every_form():
     mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]], dtype=torch.bool)
-    assert position_indices(0, mask).tolist() == [0, 0]
-    assert position_indices(torch.tensor([3, 1]), mask).tolist() == [3, 1]
-    assert position_indices(torch.tensor(1), mask).tolist() == [1, 1]
-    assert position_indices(-3, mask).tolist() == [1, 1]
+
+    def check(position, expected, has_axis):
+        indices, axis = positions(position, mask)
+        assert indices.tolist() == expected and axis == has_axis and indices.dtype == torch.long
+
+    check(0, [[0], [0]], False)  # an int: every example, no position axis
+    check(-3, [[1], [1]], False)
+    check(torch.tensor(1), [[1], [1]], False)
+    check(torch.tensor([3, 1]), [[3], [1]], False)  # (B,): one per example
+    check([0, 1], [[0, 1], [0, 1]], True)  # a list: the same S positions everywhere
+    check(torch.tensor([[0, 3], [1, 0]]), [[0, 3], [1, 0]], True)  # (B, S)
     with pytest.raises(ValueError, match=r"out of range for sequences of n=4"):
-        position_indices(4, mask)
+        positions(4, mask)
     with pytest.raises(ValueError, match=r"out of range for sequences of n=4"):
-        position_indices(-5, mask)
+        positions(-5, mask)
     with pytest.raises(ValueError, match=r"padding token in examples \[1\]"):
-        position_indices(-1, mask)
-    with pytest.raises(ValueError, match=r"\(B,\) = \(2,\) integer tensor"):
-        position_indices(torch.tensor([0, 1, 2]), mask)
-    with pytest.raises(ValueError, match="integer tensor"):
-        position_indices(torch.tensor([0.0, 1.0]), mask)
-    with pytest.raises(TypeError, match="position must be an int"):
-        position_indices(0.5, mask)
+        positions(-1, mask)
+    with pytest.raises(ValueError, match=r"padding token in examples \[1\]"):
+        positions([0, 3], mask)
+    with pytest.raises(ValueError, match=r"\(B,\) = \(2,\), one per example"):
+        positions(torch.tensor([0, 1, 2]), mask)
+    with pytest.raises(ValueError, match="empty list"):
+        positions([], mask)
+    for bad in (torch.tensor([0.0, 1.0]), torch.tensor([True, False])):
+        with pytest.raises(TypeError, match="integer token indices"):
+            positions(bad, mask)
+    for bad in (0.5, True, "0", [0.0, 1.0]):
+        with pytest.raises(TypeError, match="position|positions"):
+            positions(bad, mask)
+
+
+def test_default_position_is_cls_or_last_real_token():
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [0, 0, 1, 1]], dtype=torch.bool)
+    assert default_position(mask, causal=False).tolist() == [0, 0, 0]
+    assert default_position(mask, causal=True).tolist() == [3, 1, 3]
+
+
+def test_mask_values_other_than_zero_and_one_are_refused():
+    for bad in (torch.tensor([[1, 2, 1]]), torch.tensor([[1.0, 0.5, 1.0]]), torch.tensor([[1, -1, 0]])):
+        with pytest.raises(ValueError, match="only 0 \\(padding\\) and 1"):
+            as_mask(bad, 1, 3, torch.device("cpu"))
+    assert as_mask(torch.tensor([[1.0, 1.0, 0.0]]), 1, 3, torch.device("cpu")).tolist() == [[True, True, False]]
+    assert as_mask(torch.tensor([[True, False, True]]), 1, 3, torch.device("cpu")).tolist() == [[True, False, True]]
 
 
 def test_check_residual_alpha():
@@ -130,4 +158,7 @@ def test_check_residual_alpha():
         check_residual_alpha(alpha)
     for alpha in (-0.1, 1.5):
         with pytest.raises(ValueError, match=r"residual_alpha must lie in \[0, 1\]"):
+            check_residual_alpha(alpha)
+    for alpha in (None, "0.5", True):
+        with pytest.raises(TypeError, match="residual_alpha must be a number"):
             check_residual_alpha(alpha)

@@ -4,8 +4,6 @@ clear errors."""
 
 from __future__ import annotations
 
-import doctest
-import importlib
 import re
 import shutil
 import subprocess
@@ -165,8 +163,3 @@ def test_reproduce_writes_both_tables(model_dir, tmp_path, capsys):
                  "reproduction.png"):
         assert (out / name).stat().st_size > 0, name
         assert str(out / name) in printed
-
-
-def test_docstring_examples_run():
-    results = doctest.testmod(importlib.import_module("captum_attnflow.cli"))
-    assert results.attempted > 0 and results.failed == 0

@@ -1,5 +1,3 @@
-import doctest
-import importlib
 import math
 import warnings
 
@@ -118,8 +116,3 @@ def test_compare_rejects_mismatched_inputs():
         compare({"m": "scores"}, {"r": reference})
     with pytest.raises(ValueError, match="nothing to compare"):
         compare({"r": reference}, {"r": reference})
-
-
-def test_docstring_examples_run():
-    results = doctest.testmod(importlib.import_module("captum_attnflow.evaluate.compare"))
-    assert results.attempted > 0 and results.failed == 0

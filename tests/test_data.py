@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import doctest
-import importlib
-
 import pytest
 import torch
 from hypothesis import given, settings
@@ -142,9 +139,3 @@ def test_encode_examples_without_attractors_and_empty(tokenizer):
     assert batch["input_ids"].dtype == torch.long
     with pytest.raises(ValueError, match="at least one"):
         encode_examples([], tokenizer)
-
-
-@pytest.mark.parametrize("module", ["captum_attnflow.data.agreement", "captum_attnflow.data.tokenizer"])
-def test_docstring_examples_run(module):
-    results = doctest.testmod(importlib.import_module(module))
-    assert results.attempted > 0 and results.failed == 0

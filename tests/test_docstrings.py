@@ -1,9 +1,12 @@
 import doctest
 import importlib
 import inspect
+import pkgutil
 import re
 
 import pytest
+
+import captum_attnflow
 
 from captum_attnflow._docstrings import fill_docstring
 from captum_attnflow.attr import AttentionFlow, AttentionRollout, RawAttention
@@ -71,6 +74,27 @@ def test_class_docstrings_document_the_constructor(cls):
     assert all(f"\n        {name}: " in cls.__doc__ for name in arguments), arguments
 
 
-def test_docstring_examples_run():
-    results = doctest.testmod(importlib.import_module("captum_attnflow._docstrings"))
+def _modules_with_examples() -> list[str]:
+    """Every module of the package whose docstrings hold examples (found, not listed by hand)."""
+    names = []
+    for info in pkgutil.walk_packages(captum_attnflow.__path__, "captum_attnflow."):
+        module = importlib.import_module(info.name)
+        if any(test.examples for test in doctest.DocTestFinder().find(module)):
+            names.append(info.name)
+    return names
+
+
+MODULES_WITH_EXAMPLES = _modules_with_examples()
+
+
+def test_public_modules_have_examples():
+    expected = {"captum_attnflow.functional.rollout", "captum_attnflow.attr.flow", "captum_attnflow.hf.capture",
+                "captum_attnflow.evaluate.evaluator", "captum_attnflow.baselines.blank_out", "captum_attnflow.cli"}
+    assert expected <= set(MODULES_WITH_EXAMPLES)
+
+
+@pytest.mark.parametrize("module", MODULES_WITH_EXAMPLES)
+def test_docstring_examples_run(module):
+    """One runner for the examples of every module: they are the documentation users copy."""
+    results = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
     assert results.attempted > 0 and results.failed == 0

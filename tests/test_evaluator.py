@@ -1,5 +1,3 @@
-import doctest
-import importlib
 import os
 import socket
 import subprocess
@@ -210,8 +208,3 @@ def test_two_accelerate_processes_give_the_single_process_table(tmp_path):
     assert [int((tmp_path / f"batches{rank}.txt").read_text()) for rank in (0, 1)] == [3, 2]
     assert_same_result(ComparisonResult.load(tmp_path / "checkpoint.npz"), single)
     assert not list(tmp_path.glob("checkpoint.part*"))
-
-
-def test_docstring_examples_run():
-    results = doctest.testmod(importlib.import_module("captum_attnflow.evaluate.evaluator"))
-    assert results.attempted > 0 and results.failed == 0

@@ -1,5 +1,3 @@
-import doctest
-import importlib
 
 import pytest
 import torch
@@ -249,8 +247,3 @@ def test_cuda_model_with_cpu_inputs_is_an_error():
         extract_attentions(model, IDS)
     attentions = extract_attentions(model, IDS.cuda())
     assert attentions[0].device.type == "cuda"
-
-
-def test_docstring_examples_run():
-    results = doctest.testmod(importlib.import_module("captum_attnflow.extraction"))
-    assert results.attempted > 0 and results.failed == 0

@@ -9,8 +9,6 @@ checks that they do.
 
 from __future__ import annotations
 
-import doctest
-import importlib
 import itertools
 
 import networkx as nx
@@ -86,13 +84,13 @@ CASES = {
 
 
 def reference_flows(attentions: torch.Tensor, sources, sinks) -> np.ndarray:
-    graph = attention_graph(attentions).double().numpy()[:, 0]
+    graph = attention_graph(attentions).weights.double().numpy()[:, 0]
     return np.array([[networkx_flow(graph, s, t) for t in sinks] for s in sources])
 
 
 def trivial_bounds(attentions: torch.Tensor) -> np.ndarray:
     """min(out-capacity of each source at layer L, in-capacity of each sink at layer 1): (n, n)."""
-    graph = attention_graph(attentions).double().numpy()[:, 0]
+    graph = attention_graph(attentions).weights.double().numpy()[:, 0]
     return np.minimum(graph[-1].sum(1)[:, None], graph[0].sum(0)[None, :])
 
 
@@ -126,7 +124,7 @@ def test_matches_networkx_at_six_layers_32_tokens():
 def test_kernel_certificate_bounds_the_error():
     # The kernel certifies each value: exact - gap <= value <= exact, gap <= EPS * edges.
     attentions = banded(6, 16, width=1, seed=3)
-    graph = attention_graph(attentions).double().numpy()[:, 0]
+    graph = attention_graph(attentions).weights.double().numpy()[:, 0]
     values, gaps = max_flows(np.ascontiguousarray(graph), np.arange(16), 2)
     reference = reference_flows(attentions, range(16), range(16))
     assert (gaps >= -1e-15).all() and (gaps <= EPS * graph.size).all()
@@ -136,7 +134,7 @@ def test_kernel_certificate_bounds_the_error():
 def test_threads_give_the_serial_values():
     # Large enough for max_flows to start a second thread (pairs x edges >= _WORK_PER_THREAD);
     # every pair runs on zeroed scratch arrays, so the split cannot change a value.
-    graph = np.ascontiguousarray(attention_graph(causal_sink(4, 32, seed=9)).double().numpy()[:, 0])
+    graph = np.ascontiguousarray(attention_graph(causal_sink(4, 32, seed=9)).weights.double().numpy()[:, 0])
     sources = np.arange(32)
     assert sources.size * 32 * graph.size >= _WORK_PER_THREAD
     serial, serial_gaps = max_flows(graph, sources, 1)
@@ -147,7 +145,7 @@ def test_threads_give_the_serial_values():
 
 def test_one_layer_is_the_mixed_attention_row():
     attentions = peaked(1, 7, seed=8)
-    np.testing.assert_allclose(flow(attentions)[0].numpy(), attention_graph(attentions)[0, 0].numpy(), atol=1e-6)
+    np.testing.assert_allclose(flow(attentions)[0].numpy(), attention_graph(attentions).weights[0, 0].numpy(), atol=1e-6)
 
 
 def best_path_bottleneck(graph: np.ndarray, source: int) -> np.ndarray:
@@ -168,7 +166,7 @@ attention_stacks = st.tuples(
 @given(attention_stacks)
 def test_properties(attentions):
     n = attentions.shape[-1]
-    graph = attention_graph(attentions).double().numpy()[:, 0]
+    graph = attention_graph(attentions).weights.double().numpy()[:, 0]
     values = flow(attentions)[0].double().numpy()
     assert (values <= 1 + 1e-6).all() and (values >= 0).all()
     assert (values <= trivial_bounds(attentions) + 1e-6).all()
@@ -187,9 +185,10 @@ def test_layers_sources_and_normalize():
     torch.testing.assert_close(flow(attentions, layer=2), every[1])
     torch.testing.assert_close(flow(attentions, layer=-1, sources=[3, -1]), every[-1][:, [3, 8]])
     torch.testing.assert_close(flow(attentions, sources=torch.tensor([[2], [5]])), every[-1][[0, 1], [2, 5]][:, None])
+    torch.testing.assert_close(flow(attentions, sources=torch.tensor([2, 5])), every[-1][[0, 1], [2, 5]])  # (B,)
     normalized = flow(attentions, layer=None, sources=0, normalize=True)
-    torch.testing.assert_close(normalized.sum(-1), torch.ones(4, 2, 1))
-    raw = every[:, :, :1]
+    torch.testing.assert_close(normalized.sum(-1), torch.ones(4, 2))
+    raw = every[:, :, 0]
     torch.testing.assert_close(normalized, raw / raw.sum(-1, keepdim=True))
 
 
@@ -199,7 +198,7 @@ def test_padding_is_removed_from_the_graph():
     mask[1, :2] = 0
     mask[1, 6:] = 0
     padded = flow(attentions, attention_mask=mask)
-    graph = attention_graph(attentions, attention_mask=mask)[:, 1, 2:6, 2:6].double().numpy()
+    graph = attention_graph(attentions, attention_mask=mask).weights[:, 1, 2:6, 2:6].double().numpy()
     reference = [[networkx_flow(graph, s, t) for t in range(4)] for s in range(4)]
     np.testing.assert_allclose(padded[1][2:6, 2:6].numpy(), reference, atol=1e-6)
     assert (padded[1][:, :2] == 0).all() and (padded[1][:2] == 0).all() and (padded[1][6:] == 0).all()
@@ -208,7 +207,7 @@ def test_padding_is_removed_from_the_graph():
 
 def test_causal_model_flow_reaches_what_rollout_reaches():
     attentions = CASES["gpt2 L=3 n=10"]
-    graph = attention_graph(attentions).double().numpy()[:, 0]
+    graph = attention_graph(attentions).weights.double().numpy()[:, 0]
     values = flow(attentions, sources=9)[0, 0].double().numpy()
     assert (values >= best_path_bottleneck(graph, 9) - 1e-6).all()
     # In a causal model, token j only reaches later positions: flow from 9 is positive everywhere,
@@ -222,7 +221,7 @@ def test_causal_model_flow_reaches_what_rollout_reaches():
         (dict(sources=8), ValueError, "out of range"),
         (dict(sources=[]), ValueError, "empty"),
         (dict(sources=1.5), TypeError, "sources"),
-        (dict(sources=torch.zeros(3, 1, dtype=torch.long)), ValueError, "one row per example"),
+        (dict(sources=torch.zeros(3, 1, dtype=torch.long)), ValueError, "one per example"),
         (dict(layer=0), ValueError, "layer"),
         (dict(residual_alpha=2.0), ValueError, "residual_alpha"),
         (dict(head_fusion="sum"), ValueError, "head_fusion"),
@@ -238,8 +237,3 @@ def test_source_on_padding_is_an_error():
     mask = torch.tensor([[1, 1, 1, 0]])
     with pytest.raises(ValueError, match="padding"):
         flow(causal_sink(2, 4), sources=3, attention_mask=mask)
-
-
-def test_docstring_examples_run():
-    results = doctest.testmod(importlib.import_module("captum_attnflow.functional.flow"))
-    assert results.attempted > 0 and results.failed == 0

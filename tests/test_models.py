@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import doctest
-import importlib
 import json
 from types import SimpleNamespace
 
@@ -167,11 +165,3 @@ def test_bundled_model_is_small_offline_and_accurate():
     assert evaluate(model, tokenizer, examples)["accuracy"] > 0.9
     batch = tokenizer(["the keys to the cabinet", "the key to the cabinets"], return_tensors="pt")
     assert model(**batch).logits.argmax(-1).tolist() == [1, 0]
-
-
-@pytest.mark.parametrize(
-    "module", ["captum_attnflow.models.agreement", "captum_attnflow.models.bundled", "captum_attnflow.models.train"]
-)
-def test_docstring_examples_run(module):
-    results = doctest.testmod(importlib.import_module(module))
-    assert results.attempted > 0 and results.failed == 0

@@ -1,5 +1,3 @@
-import doctest
-import importlib
 
 import pytest
 import torch
@@ -60,8 +58,3 @@ def test_raw_attention_is_a_captum_attribution():
         raw.attribute(IDS, layer=4)
     with pytest.raises(ValueError, match="out of range for sequences of n=6"):
         raw.attribute(IDS, position=6)
-
-
-def test_docstring_examples_run():
-    results = doctest.testmod(importlib.import_module("captum_attnflow.attr.raw_attention"))
-    assert results.attempted > 0 and results.failed == 0

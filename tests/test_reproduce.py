@@ -4,8 +4,6 @@ single unpadded examples, the ground-truth score by hand, files, and the model l
 from __future__ import annotations
 
 import csv
-import doctest
-import importlib
 import math
 
 import numpy as np
@@ -171,8 +169,3 @@ def test_model_mode_is_restored_and_dropout_is_off(model_and_tokenizer):
 def test_bad_arguments_raise_clear_errors(kwargs, message):
     with pytest.raises(ValueError, match=message):
         reproduce(progress=False, **kwargs)
-
-
-def test_docstring_examples_run():
-    results = doctest.testmod(importlib.import_module("captum_attnflow.reproduce"))
-    assert results.attempted > 0 and results.failed == 0

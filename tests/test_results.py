@@ -1,6 +1,4 @@
 import csv
-import doctest
-import importlib
 
 import matplotlib
 
@@ -98,8 +96,3 @@ def test_merge_rejects_different_comparisons():
         ComparisonResult.merge([example_result(), other])
     with pytest.raises(ValueError, match="shape"):
         ComparisonResult(np.array([0, 1]), {("a", "b", None): np.array([0.5])})
-
-
-def test_docstring_examples_run():
-    results = doctest.testmod(importlib.import_module("captum_attnflow.evaluate.results"))
-    assert results.attempted > 0 and results.failed == 0

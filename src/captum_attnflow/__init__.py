@@ -1,9 +1,35 @@
-"""captum_attnflow: attention rollout and attention flow (Abnar & Zuidema, ACL 2020) as Captum attributions."""
+"""captum_attnflow: attention rollout and attention flow (Abnar & Zuidema, ACL 2020) as Captum attributions.
 
-from captum_attnflow.attr import AttentionFlow, AttentionRollout, RawAttention
-from captum_attnflow.extraction import eager_attention, extract_attentions
-from captum_attnflow.models import load_agreement_model
+The names below load on first use (PEP 562): ``import captum_attnflow.functional`` stays free of
+transformers, Captum and matplotlib.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["AttentionFlow", "AttentionRollout", "RawAttention", "eager_attention", "extract_attentions", "load_agreement_model"]
+_EXPORTS = {
+    "AttentionFlow": "captum_attnflow.attr",
+    "AttentionRollout": "captum_attnflow.attr",
+    "RawAttention": "captum_attnflow.attr",
+    "eager_attention": "captum_attnflow.hf",
+    "extract_attentions": "captum_attnflow.hf",
+    "load_agreement_model": "captum_attnflow.models",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'captum_attnflow' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

@@ -39,7 +39,7 @@ from captum_attnflow.attr import AttentionFlow, AttentionRollout, RawAttention
 from captum_attnflow.baselines import BlankOut, TokenSaliency
 from captum_attnflow.data import encode_examples, generate_examples
 from captum_attnflow.evaluate import ComparisonResult, compare
-from captum_attnflow.extraction import extract_attentions
+from captum_attnflow.hf import extract_attentions
 from captum_attnflow.models import load_agreement_model
 
 ATTENTION_METHODS = ("raw", "rollout", "flow")

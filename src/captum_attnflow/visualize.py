@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 from torch import Tensor
 
 from captum_attnflow.functional import attention_graph
-from captum_attnflow.functional._checks import Attentions, stack_attentions
+from captum_attnflow.functional.checks import Attentions, stack_attentions
 
 Scores = Tensor | np.ndarray | Sequence[float] | Sequence[Sequence[float]]
 
@@ -249,7 +249,7 @@ def plot_flow_graph(
         raise ValueError(f"example={example} is out of range for a batch of {batch}.")
     if not -n <= position < n:
         raise ValueError(f"position={position} is out of range for n={n} tokens.")
-    graph = attention_graph(stacked[:, example : example + 1], residual_alpha, head_fusion)[:, 0].numpy()
+    graph = attention_graph(stacked[:, example : example + 1], residual_alpha, head_fusion).weights[:, 0].numpy()
 
     drawing = nx.DiGraph()
     coordinates = {}

@@ -1,4 +1,4 @@
-"""What every attention-based attribution shares: Captum's interface, input checks, extraction."""
+"""What every attention-based attribution shares: Captum's interface, input checks, the graph."""
 
 from __future__ import annotations
 
@@ -8,13 +8,16 @@ from captum.attr import Attribution
 from torch import Tensor
 
 from captum_attnflow._docstrings import fill_docstring
-from captum_attnflow.extraction import extract_attentions
+from captum_attnflow.functional import AttentionGraph, attention_graph
+from captum_attnflow.functional.checks import POSITION_DOC, as_mask
+from captum_attnflow.hf import check_token_ids, extract_attentions, unpack_inputs, warn_unmasked_padding
 
 _CONSTRUCTOR_DOC = """Args:
         forward_func: a Hugging Face model, an ``nn.Module`` wrapping one, or a callable
             ``forward_func(inputs, *additional_forward_args)`` returning attentions
             (see :func:`captum_attnflow.extraction.extract_attentions`). The model is left
-            as it was: eager attention, eval mode and hooks only for the duration of a call."""
+            as it was: eager attention, eval mode and hooks only for the duration of a call,
+            and calls from several threads on one model run one at a time."""
 
 # Fills ``{init}`` in a class docstring with the constructor's arguments.
 with_constructor_args = fill_docstring(init=_CONSTRUCTOR_DOC)
@@ -34,34 +37,39 @@ class AttentionAttribution(Attribution):
         """False: these methods compute no convergence delta (Captum's interface)."""
         return False
 
-    def _attentions(
-        self, inputs: Tensor, additional_forward_args: Any, attention_mask: Tensor | None
-    ) -> tuple[Tensor, ...]:
-        """Check ``inputs`` and return the model's attentions for them.
+    def _graph(
+        self,
+        inputs: Any,
+        additional_forward_args: Any,
+        attention_mask: Tensor | None,
+        residual_alpha: float,
+        head_fusion: str,
+        keep_heads: bool = False,
+    ) -> tuple[AttentionGraph, Tensor]:
+        """Check the inputs, run the model once and return ``(the checked graph, the input ids or pixels)``.
 
-        ``inputs`` are token ids (B, n), or pixel values (B, C, H, W) of a vision transformer,
+        ``inputs`` are token ids (B, n), the tokenizer's output (``input_ids`` and
+        ``attention_mask`` taken from it), or pixel values (B, C, H, W) of a vision transformer,
         whose n tokens ([CLS] and the patches) come from the model.
         """
-        if not isinstance(inputs, Tensor):
-            raise TypeError(f"inputs must be a tensor of token ids (B, n), got {type(inputs).__name__}.")
-        images = inputs.dtype.is_floating_point and inputs.dim() == 4
+        inputs, attention_mask = unpack_inputs(inputs, attention_mask)
+        images = isinstance(inputs, Tensor) and inputs.dtype.is_floating_point and inputs.dim() == 4
         if images:
             if attention_mask is not None:
                 raise ValueError(
                     "attention_mask was given with image inputs (B, C, H, W): images have no padding, drop it."
                 )
-        elif inputs.dim() != 2:
-            raise ValueError(
-                f"inputs must be token ids of shape (B, n), got shape {tuple(inputs.shape)}; "
-                "for one sentence use inputs.unsqueeze(0) (images: pixel values (B, C, H, W))."
-            )
-        elif inputs.shape[1] == 0:
-            raise ValueError("empty sequence: inputs have no tokens (n = 0).")
-        elif inputs.dtype.is_floating_point:
-            raise TypeError(
-                f"inputs must be integer token ids, got dtype {inputs.dtype}; these methods explain "
-                "tokens, so pass input_ids rather than embeddings."
-            )
+        else:
+            if isinstance(inputs, Tensor) and inputs.dtype.is_floating_point and inputs.dim() == 3:
+                raise TypeError(
+                    f"inputs must be integer token ids (B, n), got float {tuple(inputs.shape)} tensor; these "
+                    "methods explain tokens, so pass input_ids rather than embeddings "
+                    "(images: pixel values (B, C, H, W))."
+                )
+            check_token_ids(inputs, self.forward_func)
+            # Checked before the forward pass: a mask of 2s or 0.5s would change what the model computes.
+            as_mask(attention_mask, inputs.shape[0], inputs.shape[1], inputs.device)
+            warn_unmasked_padding(self.forward_func, inputs, attention_mask)
         attentions = extract_attentions(self.forward_func, inputs, additional_forward_args, attention_mask)
         first = attentions[0]
         batch = inputs.shape[0]
@@ -72,26 +80,24 @@ class AttentionAttribution(Attribution):
                 f"{tuple(inputs.shape)}; expected one (B, H, n, n) = ({batch}, H, {n}, {n}) tensor per layer, "
                 "row = query, as transformers returns for output_attentions=True."
             )
-        return attentions
-
-    @staticmethod
-    def _on_device(attributions: Tensor, inputs: Tensor) -> Tensor:
-        return attributions.to(inputs.device)
+        return attention_graph(attentions, residual_alpha, head_fusion, attention_mask, keep_heads), inputs
 
 
 _ATTRIBUTE_ARGS_DOC = """
         Args:
-            inputs (Tensor): token ids, shape (B, n); or, for a vision transformer (ViT,
-                DeiT, ...), pixel values (B, C, H, W): then the n explained tokens are the
-                model's ([CLS] and the patches, in the model's order) and the result is (B, n).
+            inputs (Tensor or BatchEncoding): token ids, shape (B, n), or the tokenizer's
+                output (a ``BatchEncoding`` or dict: its ``input_ids`` and ``attention_mask``
+                are used); or, for a vision transformer (ViT, DeiT, ...), pixel values
+                (B, C, H, W): then the n explained tokens are the model's ([CLS] and the
+                patches, in the model's order).
             target: accepted for compatibility with Captum and ignored: attention-based
                 attributions are class-agnostic, they explain a position's representation,
                 not a class score.
             additional_forward_args (Any, optional): extra positional arguments passed to
                 ``forward_func`` after ``inputs``.
-            position (int or Tensor, optional): the explained position: an int for every
-                example (negative counts from n, like Python indexing) or a (B,) LongTensor,
-                e.g. the mask position of each example. Default: 0 (the CLS token).
+            position (int, list or Tensor, optional): """ + POSITION_DOC.replace("\n            ", "\n                ") + """
+                None (default): each example's last real token for a causal model (a
+                decoder, detected from its attention), else 0 (the CLS token).
             layer (int or None, optional): explain the representation at the output of this
                 layer, 1..L, or negative from the top (-1 = last layer). None returns every
                 layer. Default: -1.
@@ -100,9 +106,18 @@ _ATTRIBUTE_ARGS_DOC = """
             residual_alpha (float, optional): weight of attention against the residual
                 connection, :math:`A = \\alpha W + (1 - \\alpha) I`, rows renormalised.
             attention_mask (Tensor, optional): (B, n), 1 on real tokens, 0 on padding, as
-                the tokenizer returns it. Padding gets attribution 0 and never influences
-                real tokens. It is passed to a Hugging Face model as ``attention_mask``.
+                the tokenizer returns it (other values are refused). Padding gets attribution
+                0 and never influences real tokens, on either side. It is passed to a Hugging
+                Face model as ``attention_mask``.
+            head (int or str, optional): None (default) for the heads fused; an int k for
+                head k of the explained layer on top of the fused layers below (the paper's
+                Appendix A.1); ``"all"`` for every head, an extra head axis after the layer axis.
 """
 
-# Fills ``{args}`` in an ``attribute`` docstring with the arguments all attention methods share.
-with_attribute_args = fill_docstring(args=_ATTRIBUTE_ARGS_DOC)
+_ATTRIBUTE_RETURNS_DOC = """(B, n) for one layer and one position per
+            example, on the inputs' device; a leading layer axis (L, B, n) for ``layer=None``,
+            a head axis after it for ``head="all"``, and a position axis (..., S, n) for a
+            list or (B, S) ``position``."""
+
+# Fills ``{args}`` and ``{shapes}`` in an ``attribute`` docstring with what all attention methods share.
+with_attribute_args = fill_docstring(args=_ATTRIBUTE_ARGS_DOC, shapes=_ATTRIBUTE_RETURNS_DOC)

@@ -8,6 +8,7 @@ from torch import Tensor
 
 from captum_attnflow.attr._base import AttentionAttribution, with_attribute_args, with_constructor_args
 from captum_attnflow.functional import flow
+from captum_attnflow.functional.checks import default_position, positions
 
 
 @with_constructor_args
@@ -29,11 +30,12 @@ class AttentionFlow(AttentionAttribution):
         inputs: Tensor,
         target: Any = None,
         additional_forward_args: Any = None,
-        position: int | Tensor = 0,
+        position: int | list[int] | Tensor | None = None,
         layer: int | None = -1,
         head_fusion: str = "mean",
         residual_alpha: float = 0.5,
         attention_mask: Tensor | None = None,
+        head: int | str | None = None,
         normalize: bool = False,
         show_progress: bool | None = None,
     ) -> Tensor:
@@ -47,8 +49,7 @@ class AttentionFlow(AttentionAttribution):
                 one only for long computations.
 
         Returns:
-            Tensor: float32 (B, n) for one layer, (L, B, n) for ``layer=None``, on the
-            inputs' device; padding gets 0.
+            Tensor: float32 {shapes} Padding gets 0.
 
         Example::
 
@@ -66,10 +67,9 @@ class AttentionFlow(AttentionAttribution):
             >>> bool(torch.isclose(shares.sum(), torch.tensor(1.0)))
             True
         """
-        attentions = self._attentions(inputs, additional_forward_args, attention_mask)
-        # A (B,) position tensor holds one source per example: a (B, 1) tensor for flow().
-        sources = position[..., None] if isinstance(position, Tensor) else position
-        scores = flow(
-            attentions, layer, sources, residual_alpha, head_fusion, attention_mask, normalize, show_progress
-        )
-        return self._on_device(scores.squeeze(-2), inputs)
+        graph, inputs = self._graph(inputs, additional_forward_args, attention_mask, residual_alpha, head_fusion, head is not None)
+        if position is None:
+            position = default_position(graph.mask, graph.is_causal)
+        sources, has_axis = positions(position, graph.mask)
+        scores = flow(graph, layer, sources, normalize=normalize, show_progress=show_progress, head=head)
+        return (scores if has_axis else scores.squeeze(-2)).to(inputs.device)

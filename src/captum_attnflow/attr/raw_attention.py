@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from captum_attnflow.attr._base import AttentionAttribution, with_attribute_args, with_constructor_args
-from captum_attnflow.functional import attention_graph
-from captum_attnflow.functional._checks import as_mask, layer_indices, position_indices
+from captum_attnflow.functional import raw_attention
 
 
 @with_constructor_args
@@ -32,16 +30,16 @@ class RawAttention(AttentionAttribution):
         inputs: Tensor,
         target: Any = None,
         additional_forward_args: Any = None,
-        position: int | Tensor = 0,
+        position: int | list[int] | Tensor | None = None,
         layer: int | None = -1,
         head_fusion: str = "mean",
         residual_alpha: float = 1.0,
         attention_mask: Tensor | None = None,
+        head: int | str | None = None,
     ) -> Tensor:
         """Attention weights of ``position`` in ``layer`` over the tokens.
 {args}        Returns:
-            Tensor: float32 (B, n) for one layer, (L, B, n) for ``layer=None``, on the
-            inputs' device. Rows sum to 1 over real tokens.
+            Tensor: float32 {shapes} Rows sum to 1 over real tokens.
 
         Example::
 
@@ -56,10 +54,5 @@ class RawAttention(AttentionAttribution):
             >>> bool(torch.allclose(weights.sum(-1), torch.ones(6, 2))), weights[:, 1, 3:].abs().max().item()
             (True, 0.0)
         """
-        attentions = self._attentions(inputs, additional_forward_args, attention_mask)
-        graph = attention_graph(attentions, residual_alpha, head_fusion, attention_mask)
-        positions = position_indices(position, as_mask(attention_mask, *graph.shape[1:3], graph.device))
-        rows = torch.arange(graph.shape[1], device=graph.device)
-        layers = layer_indices(layer, graph.shape[0])
-        weights = graph[layers][:, rows, positions]  # (layers, B, n)
-        return self._on_device(weights[0] if layer is not None else weights, inputs)
+        graph, inputs = self._graph(inputs, additional_forward_args, attention_mask, residual_alpha, head_fusion, head is not None)
+        return raw_attention(graph, position, layer, head=head).to(inputs.device)

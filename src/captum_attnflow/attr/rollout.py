@@ -31,27 +31,26 @@ class AttentionRollout(AttentionAttribution):
         inputs: Tensor,
         target: Any = None,
         additional_forward_args: Any = None,
-        position: int | Tensor = 0,
+        position: int | list[int] | Tensor | None = None,
         layer: int | None = -1,
         head_fusion: str = "mean",
         residual_alpha: float = 0.5,
         attention_mask: Tensor | None = None,
+        head: int | str | None = None,
     ) -> Tensor:
         """Rollout of ``position`` after ``layer`` onto the input tokens.
 {args}
         Returns:
-            Tensor: float32 (B, n) for one layer, (L, B, n) for ``layer=None``, on the
-            inputs' device. Each row sums to 1 over real tokens; padding gets 0.
+            Tensor: float32 {shapes} Each row sums to 1 over real tokens; padding gets 0.
 
         Example::
 
             >>> from captum_attnflow import AttentionRollout, load_agreement_model
             >>> model, tokenizer = load_agreement_model()
             >>> ids = tokenizer(["the keys to the cabinet"], return_tensors="pt")["input_ids"]
-            >>> scores = AttentionRollout(model).attribute(ids)  # [CLS] (position 0) after the last layer
+            >>> scores = AttentionRollout(model).attribute(ids)  # [CLS] (position 0, an encoder) after the last layer
             >>> tokenizer.convert_ids_to_tokens(ids[0])[scores.argmax()]  # the subject
             'keys'
         """
-        attentions = self._attentions(inputs, additional_forward_args, attention_mask)
-        scores = rollout_rows(attentions, position, layer, residual_alpha, head_fusion, attention_mask)
-        return self._on_device(scores, inputs)
+        graph, inputs = self._graph(inputs, additional_forward_args, attention_mask, residual_alpha, head_fusion, head is not None)
+        return rollout_rows(graph, position, layer, head=head).to(inputs.device)

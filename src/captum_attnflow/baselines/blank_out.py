@@ -5,13 +5,14 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
-from captum.attr import Attribution, FeatureAblation
+from captum.attr import FeatureAblation, PerturbationAttribution
 from torch import Tensor
 
-from captum_attnflow.baselines._common import ScoreForward, prepare, resolve_target, token_id, with_token_args
+from captum_attnflow.baselines._common import with_token_args
+from captum_attnflow.hf import ScoreForward, model_call, token_id
 
 
-class BlankOut(Attribution):
+class BlankOut(PerturbationAttribution):
     """Blank-out (Abnar & Zuidema 2020, section 2, Table 1): replace each token, one at a time,
     by a blank token and measure the drop in the probability of the target class.
 
@@ -44,8 +45,9 @@ class BlankOut(Attribution):
         super().__init__(self.scores)
         self.token_id = token_id(forward_func, token, tokenizer)
 
-    def has_convergence_delta(self) -> bool:
-        """False: no convergence delta is returned (Captum's interface)."""
+    @property
+    def multiplies_by_inputs(self) -> bool:
+        """False: a drop is not a per-input factor times the input (Captum's interface)."""
         return False
 
     @with_token_args
@@ -76,12 +78,12 @@ class BlankOut(Attribution):
             >>> tokenizer.convert_ids_to_tokens(ids[0])[drops.argmax()]  # the subject
             'keys'
         """
-        mask, _, extra_args = prepare(self.scores, inputs, attention_mask, additional_forward_args)
-        target = resolve_target(self.scores, inputs, extra_args, target)
+        inputs, mask, extra_args = self.scores.prepare(inputs, attention_mask, additional_forward_args)
         # Padding is "blanked" by its own id, which leaves the input unchanged: a drop of 0.
         blanks = torch.where(mask, torch.full_like(inputs, self.token_id), inputs)
         positions = torch.arange(inputs.shape[1], device=inputs.device)[None]
-        with torch.no_grad():
+        with torch.no_grad(), model_call(self.scores.forward_func):
+            target = self.scores.target(inputs, extra_args, target)
             drops = FeatureAblation(self.scores).attribute(
                 inputs,
                 baselines=blanks,

@@ -26,6 +26,11 @@ class TokenInputXGradient(EmbeddingGradientAttribution):
     {init}
     """
 
+    @property
+    def multiplies_by_inputs(self) -> bool:
+        """True: the scores are embeddings times gradients (Captum's interface)."""
+        return True
+
     @with_token_args
     def attribute(
         self,

@@ -10,10 +10,10 @@ from torch import Tensor
 
 from captum_attnflow.baselines._common import (
     EmbeddingGradientAttribution,
-    token_id,
     with_embedding_constructor_args,
     with_token_args,
 )
+from captum_attnflow.hf import model_call, token_id
 
 
 @with_embedding_constructor_args
@@ -29,27 +29,42 @@ class TokenIntegratedGradients(EmbeddingGradientAttribution):
     {init}
     """
 
+    @property
+    def multiplies_by_inputs(self) -> bool:
+        """True: the scores are (embedding - baseline embedding) times the integrated gradient (Captum's interface)."""
+        return True
+
+    def has_convergence_delta(self) -> bool:
+        """True: ``return_convergence_delta=True`` gives Captum's completeness error (Captum's interface)."""
+        return True
+
     @with_token_args
     def attribute(
         self,
         inputs: Tensor,
+        baselines: int | str | Tensor = "pad",
         target: Any = None,
         additional_forward_args: Any = None,
-        attention_mask: Tensor | None = None,
-        baselines: int | str | Tensor = "pad",
         n_steps: int = 50,
         method: str = "gausslegendre",
         internal_batch_size: int | None = None,
-    ) -> Tensor:
+        return_convergence_delta: bool = False,
+        attention_mask: Tensor | None = None,
+    ) -> Tensor | tuple[Tensor, Tensor]:
         """Integrated gradients from baseline tokens to ``inputs``, reduced per token.
+
+        The arguments come in the order of Captum's ``LayerIntegratedGradients.attribute``.
 {args}
             baselines (int, str or Tensor, optional): the baseline token id put at every real
                 token (``"pad"`` (default), ``"unk"``, ``"mask"`` looked up on the model's
                 config, or an id), or a (B, n) tensor of baseline token ids. Padding keeps
                 its own id.
             n_steps, method, internal_batch_size: as in Captum's ``LayerIntegratedGradients``.
+            return_convergence_delta (bool, optional): also return Captum's convergence delta
+                (B,), :math:`\\sum_{i,d} \\mathrm{IG}_{i,d} - (f_t(x) - f_t(x'))`, the error of
+                the integral's approximation.
 
-        {returns}
+        {returns} With ``return_convergence_delta=True`` a tuple ``(scores, delta)``.
 
         Example::
 
@@ -64,7 +79,7 @@ class TokenIntegratedGradients(EmbeddingGradientAttribution):
             >>> bool(torch.isclose(scores.sum(), gap, atol=1e-3))
             True
         """
-        mask, extra_args, target = self._prepare(inputs, target, additional_forward_args, attention_mask)
+        inputs, mask, extra_args = self.scores.prepare(inputs, attention_mask, additional_forward_args)
         if isinstance(baselines, Tensor):
             if baselines.shape != inputs.shape:
                 raise ValueError(
@@ -73,14 +88,20 @@ class TokenIntegratedGradients(EmbeddingGradientAttribution):
                 )
             reference = baselines.to(inputs.device, inputs.dtype)
         else:
-            reference = torch.where(mask, token_id(self.scores.forward_func, baselines), inputs)
-        integrated = LayerIntegratedGradients(self.scores, self.embedding_layer).attribute(
-            inputs,
-            baselines=reference,
-            target=target,
-            additional_forward_args=extra_args,
-            n_steps=n_steps,
-            method=method,
-            internal_batch_size=internal_batch_size,
-        )
+            reference = torch.where(mask, token_id(self.scores.forward_func, baselines, argument="baselines"), inputs)
+        with model_call(self.scores.forward_func):
+            target = self.scores.target(inputs, extra_args, target)
+            integrated = LayerIntegratedGradients(self.scores, self.embedding_layer).attribute(
+                inputs,
+                baselines=reference,
+                target=target,
+                additional_forward_args=extra_args,
+                n_steps=n_steps,
+                method=method,
+                internal_batch_size=internal_batch_size,
+                return_convergence_delta=return_convergence_delta,
+            )
+        if return_convergence_delta:
+            integrated, delta = integrated
+            return self._tokens(integrated, mask, inputs), delta
         return self._tokens(integrated, mask, inputs)

@@ -28,6 +28,11 @@ class TokenSaliency(EmbeddingGradientAttribution):
     {init}
     """
 
+    @property
+    def multiplies_by_inputs(self) -> bool:
+        """False: the scores are gradients, not multiplied by the embeddings (Captum's interface)."""
+        return False
+
     @with_token_args
     def attribute(
         self,

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from captum_attnflow._docstrings import fill_docstring
-from captum_attnflow.baselines._common import ScoreForward, prepare, resolve_target
+from captum_attnflow.hf import ScoreForward, model_call
 
 ERASER_FRACTIONS = (0.01, 0.05, 0.1, 0.2, 0.5)
 
@@ -127,7 +127,7 @@ def _aopc(
     fractions, pad_token_id, softmax, keep_top,
 ) -> Tensor:
     forward = ScoreForward(forward_func, probabilities=softmax)
-    mask, _, extra_args = prepare(forward, inputs, attention_mask, additional_forward_args)
+    inputs, mask, extra_args = forward.prepare(inputs, attention_mask, additional_forward_args)
     for argument in extra_args[1:]:
         if isinstance(argument, Tensor) and argument.dim() >= 2 and tuple(argument.shape[:2]) == tuple(inputs.shape):
             raise ValueError(
@@ -140,7 +140,6 @@ def _aopc(
     fractions = list(fractions)
     if not fractions or any(not 0 < float(f) <= 1 for f in fractions):
         raise ValueError(f"fractions must be a non-empty list of values in (0, 1], got {fractions}.")
-    target = resolve_target(forward, inputs, extra_args, target)
     # Rank 0 = highest score among the candidates; the rest sort last.
     order = scores.masked_fill(~candidates, -math.inf).argsort(dim=-1, descending=True, stable=True)
     rank = torch.empty_like(order).scatter_(1, order, torch.arange(inputs.shape[1], device=inputs.device).expand_as(order))
@@ -148,7 +147,8 @@ def _aopc(
     # No candidate means nothing to delete or keep, and no token left means no input to judge:
     # both undefined, reported as NaN rather than as a perfect 0 or a prediction on nothing.
     undefined = ~candidates.any(-1)
-    with torch.no_grad():
+    with torch.no_grad(), model_call(forward_func):
+        target = forward.target(inputs, extra_args, target)
         full = _probability(forward, inputs, mask, extra_args, target)
         for fraction in fractions:
             # Rounded first: 0.28 * 25 is 7.000000000000001 in floating point, and 28% of 25 tokens is 7, not 8.

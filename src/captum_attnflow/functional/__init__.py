@@ -1,7 +1,20 @@
-"""Pure tensor functions: the maths of attention rollout and attention flow, no models, no Captum."""
+"""Pure tensor functions: the maths of raw attention, attention rollout and attention flow.
+
+No models, no Captum, no plotting: importing this package loads torch, numpy and numba only.
+"""
 
 from captum_attnflow.functional.flow import flow
-from captum_attnflow.functional.graph import add_residual, attention_graph, fuse_heads
+from captum_attnflow.functional.graph import AttentionGraph, add_residual, attention_graph, fuse_heads
+from captum_attnflow.functional.raw_attention import raw_attention
 from captum_attnflow.functional.rollout import rollout, rollout_rows
 
-__all__ = ["add_residual", "attention_graph", "flow", "fuse_heads", "rollout", "rollout_rows"]
+__all__ = [
+    "AttentionGraph",
+    "add_residual",
+    "attention_graph",
+    "flow",
+    "fuse_heads",
+    "raw_attention",
+    "rollout",
+    "rollout_rows",
+]

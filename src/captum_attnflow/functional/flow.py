@@ -23,9 +23,11 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from captum_attnflow.functional._checks import Attentions, as_mask, layer_indices, position_indices
+from captum_attnflow._docstrings import fill_docstring
 from captum_attnflow.functional._maxflow import max_flows
-from captum_attnflow.functional.graph import attention_graph
+from captum_attnflow.functional.checks import POSITION_DOC, Attentions, head_indices, layer_indices, positions, shape_result
+from captum_attnflow.functional.graph import AttentionGraph, as_graph
+from captum_attnflow.functional.rollout import HEAD_DOC
 
 # Below about this many edge visits (pairs x layers x n^2) a call takes well under a second,
 # and a progress bar would only flicker.
@@ -35,8 +37,9 @@ _PROGRESS_WORK = 2e9
 _SOURCES_PER_UPDATE = 8
 
 
+@fill_docstring(position=POSITION_DOC, head=HEAD_DOC)
 def flow(
-    attentions: Attentions,
+    attentions: Attentions | AttentionGraph,
     layer: int | None = -1,
     sources: int | Sequence[int] | Tensor | None = None,
     residual_alpha: float = 0.5,
@@ -44,21 +47,24 @@ def flow(
     attention_mask: Tensor | None = None,
     normalize: bool = False,
     show_progress: bool | None = None,
+    head: int | str | None = None,
 ) -> Tensor:
     """Attention flow from positions after ``layer`` to every input token.
 
-    Entry ``[b, a, j]`` is the maximum flow from node ``(layer, sources[a])`` to node
+    Entry ``[b, a, j]`` is the maximum flow from node ``(layer, sources[b, a])`` to node
     ``(0, j)`` in the graph of :math:`A_1..A_{layer}` of example ``b`` (section 3 of the paper);
     it lies in ``[0, 1]`` because a node's out-capacity is a row of :math:`A`, which sums to 1
-    (up to the float32 rounding of that sum: a flow may exceed 1 by ~1e-7).
+    (up to the float32 rounding of that sum: a flow may exceed 1 by ~1e-7). Per head
+    (Appendix A.1), the top layer's capacities are that head's residual-mixed attention and
+    the layers below are fused.
 
     Args:
-        attentions: L tensors (B, H, n, n) in the transformers layout (row = query), or one
-            (L, B, H, n, n) tensor.
+        attentions: L tensors (B, H, n, n) in the transformers layout (row = query), one
+            (L, B, H, n, n) tensor, or an :class:`~captum_attnflow.functional.AttentionGraph`
+            (then ``residual_alpha``, ``head_fusion`` and ``attention_mask`` are the graph's).
         layer: 1..L (or negative from the top) for one layer, None for all layers.
-        sources: the explained positions: None for all n positions, an int or a sequence of
-            S ints for every example (negative counts from n), or a (B, S) LongTensor with the
-            positions of each example. Explicit sources must not fall on padding.
+        sources: {position}
+            None (default): all n positions, as a position axis of size n.
         residual_alpha: :math:`\\alpha` in :math:`A = \\alpha W + (1 - \\alpha) I` (rows
             renormalised); 0.5 is the paper's.
         head_fusion: ``"mean"`` (paper), ``"max"`` or ``"min"`` over heads.
@@ -68,34 +74,44 @@ def flow(
             True rescales each source's vector to sum to 1, as the authors' released code did.
         show_progress: show a tqdm progress bar; None (default) shows one only for long
             computations.
+        head: {head}
 
     Returns:
-        float32 (B, S, n) for one layer, (L, B, S, n) for ``layer=None``, on the attentions'
-        device (S = n for ``sources=None``).
+        float32 (B, S, n) for one layer (``sources`` None, a list or (B, S)), (B, n) for one
+        source per example (an int or a (B,) tensor); a leading layer axis for
+        ``layer=None`` and a head axis after it for ``head="all"``; on the attentions' device.
 
     Example::
 
         >>> import torch
         >>> from captum_attnflow.functional import flow
         >>> attentions = torch.softmax(torch.randn(6, 2, 8, 5, 5), -1)  # (L, B, H, n, n)
-        >>> flow(attentions, layer=-1, sources=0).shape
-        torch.Size([2, 1, 5])
+        >>> flow(attentions, layer=-1, sources=0).shape  # one source per example
+        torch.Size([2, 5])
+        >>> flow(attentions, layer=None).shape  # every position after every layer
+        torch.Size([6, 2, 5, 5])
     """
-    graph = attention_graph(attentions, residual_alpha, head_fusion, attention_mask)
-    num_layers, batch, n, _ = graph.shape
-    mask = as_mask(attention_mask, batch, n, graph.device)
-    layers = layer_indices(layer, num_layers)
-    source_positions = _source_indices(sources, mask)
+    graph = as_graph(attentions, residual_alpha, head_fusion, attention_mask, keep_heads=head is not None)
+    batch, n = graph.mask.shape
+    layers = layer_indices(layer, graph.num_layers)
+    if sources is None:
+        source_positions, has_axis = torch.arange(n, device=graph.mask.device).expand(batch, n), True
+    else:
+        source_positions, has_axis = positions(sources, graph.mask, "sources")
     num_sources = source_positions.shape[1]
+    heads = head_indices(head, graph.heads.shape[2]) if head is not None else [None]
 
-    caps = graph[: layers[-1] + 1].detach().to("cpu", torch.float64).numpy()
-    real = mask.cpu().numpy()
+    caps = graph.weights[: layers[-1] + 1].detach().to("cpu", torch.float64).numpy()
+    head_caps = graph.heads.detach().to("cpu", torch.float64).numpy() if head is not None else None
+    real = graph.mask.cpu().numpy()
     source_positions = source_positions.cpu().numpy()
-    values = np.zeros((len(layers), batch, num_sources, n))
+    values = np.zeros((len(layers), len(heads), batch, num_sources, n))
     lengths = real.sum(1)
-    work = sum(num_sources * int(m) * int(m) ** 2 for m in lengths) * sum(index + 1 for index in layers)
+    work = len(heads) * sum(num_sources * int(m) * int(m) ** 2 for m in lengths) * sum(index + 1 for index in layers)
     show = work > _PROGRESS_WORK if show_progress is None else show_progress
-    progress = tqdm(total=len(layers) * batch * num_sources, desc="attention flow", unit="source", disable=not show)
+    progress = tqdm(
+        total=len(layers) * len(heads) * batch * num_sources, desc="attention flow", unit="source", disable=not show
+    )
     per_call = _SOURCES_PER_UPDATE if show else num_sources
     for b in range(batch):
         keep = np.flatnonzero(real[b])
@@ -105,45 +121,23 @@ def flow(
         example_sources = renumber[source_positions[b]]
         valid = np.flatnonzero(example_sources >= 0)
         for out, index in enumerate(layers):
-            cap = np.ascontiguousarray(caps[: index + 1, b][:, keep][:, :, keep])
-            for start in range(0, valid.size, per_call):
-                chunk = valid[start : start + per_call]
-                result, _ = max_flows(cap, example_sources[chunk], numba.get_num_threads())
-                values[out, b, chunk[:, None], keep[None, :]] = result
-                progress.update(chunk.size)
-            progress.update(num_sources - valid.size)
+            for slot, k in enumerate(heads):
+                cap = np.ascontiguousarray(caps[: index + 1, b][:, keep][:, :, keep])
+                if k is not None:  # Appendix A.1: head k on top, the layers below fused
+                    cap[index] = head_caps[index, b, k][keep][:, keep]
+                for start in range(0, valid.size, per_call):
+                    chunk = valid[start : start + per_call]
+                    result, _ = max_flows(cap, example_sources[chunk], numba.get_num_threads())
+                    values[out, slot, b, chunk[:, None], keep[None, :]] = result
+                    progress.update(chunk.size)
+                progress.update(num_sources - valid.size)
     progress.close()
 
     result = torch.from_numpy(values)
     if normalize:
         totals = result.sum(-1, keepdim=True)
         result = result / torch.where(totals > 0, totals, torch.ones_like(totals))
-    result = result.to(device=graph.device, dtype=torch.float32)
-    return result[0] if layer is not None else result
-
-
-def _source_indices(sources: int | Sequence[int] | Tensor | None, mask: Tensor) -> Tensor:
-    """(B, S) LongTensor of source positions; padding sources only where ``sources`` is None."""
-    batch, n = mask.shape
-    if sources is None:
-        return torch.arange(n, device=mask.device).expand(batch, n)
-    if isinstance(sources, Tensor) and sources.dim() == 2:
-        if sources.shape[0] != batch:
-            raise ValueError(
-                f"per-example positions must have one row per example, shape (B, S) or (B,) with B = {batch}, "
-                f"got {tuple(sources.shape)}."
-            )
-        columns = sources.unbind(1)
-    elif isinstance(sources, Tensor) and sources.dim() == 1:
-        columns = [int(source) for source in sources.tolist()]
-    elif isinstance(sources, (int, Tensor)):
-        columns = [sources]
-    elif isinstance(sources, Sequence) and not isinstance(sources, str):
-        columns = list(sources)
-    else:
-        raise TypeError(
-            f"sources must be None, an int, a sequence of ints or a (B, S) LongTensor, got {type(sources).__name__}."
-        )
-    if len(columns) == 0:
-        raise ValueError("sources is empty: pass at least one position, or None for all positions.")
-    return torch.stack([position_indices(column, mask) for column in columns], 1)
+    result = result.to(device=graph.weights.device, dtype=torch.float32)
+    if head is None:
+        result = result[:, 0]
+    return shape_result(result, layer, has_axis, head)

@@ -14,12 +14,14 @@ positions of layer :math:`l - 1`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 from numba import njit
 from torch import Tensor
 
-from captum_attnflow.functional._checks import (
+from captum_attnflow.functional.checks import (
     Attentions,
     as_mask,
     attention_layers,
@@ -96,13 +98,59 @@ def add_residual(weights: Tensor, residual_alpha: float = 0.5) -> Tensor:
     return _renormalise_rows(mixed)
 
 
+@dataclass(frozen=True)
+class AttentionGraph:
+    """The checked attention graph of a batch: what rollout, flow and raw attention consume.
+
+    Built by :func:`attention_graph`, which validates the attentions, the mask, ``residual_alpha``
+    and ``head_fusion`` once; the functions that take it trust it and re-check nothing.
+
+    Attributes:
+        weights: (L, B, n, n) float32, :math:`A_l` per layer; rows of real tokens sum to 1,
+            padding rows and columns are 0.
+        mask: (B, n) bool, True on real tokens.
+        residual_alpha: the :math:`\\alpha` it was built with.
+        head_fusion: how its heads were fused.
+        heads: (L, B, H, n, n) float32, each head's attention residual-mixed on its own,
+            :math:`\\operatorname{renorm}(\\alpha W^h_l + (1 - \\alpha) I)`, padding removed as in
+            ``weights``; only when built with ``keep_heads=True`` (the per-head analysis of the
+            paper's Appendix A.1), else None.
+
+    Example::
+
+        >>> import torch
+        >>> from captum_attnflow.functional import attention_graph
+        >>> graph = attention_graph(torch.softmax(torch.randn(6, 2, 8, 5, 5), -1))
+        >>> graph.weights.shape, graph.mask.shape, graph.num_layers
+        (torch.Size([6, 2, 5, 5]), torch.Size([2, 5]), 6)
+    """
+
+    weights: Tensor
+    mask: Tensor
+    residual_alpha: float = 0.5
+    head_fusion: str = "mean"
+    heads: Tensor | None = None
+
+    @property
+    def num_layers(self) -> int:
+        """L, the number of layers."""
+        return self.weights.shape[0]
+
+    @property
+    def is_causal(self) -> bool:
+        """Whether every real token attends only to itself and earlier tokens, in every layer
+        (a decoder's attention): then the last real token is the one that has seen the input."""
+        return not bool(self.weights.triu(1).any())
+
+
 def attention_graph(
     attentions: Attentions,
     residual_alpha: float = 0.5,
     head_fusion: str = "mean",
     attention_mask: Tensor | None = None,
-) -> Tensor:
-    """Residual-adjusted, head-fused attention matrices :math:`A_l`, shape (L, B, n, n).
+    keep_heads: bool = False,
+) -> AttentionGraph:
+    """Residual-adjusted, head-fused attention matrices :math:`A_l`, checked once.
 
     Args:
         attentions: L tensors (B, H, n, n) as returned by transformers for
@@ -113,13 +161,17 @@ def attention_graph(
         attention_mask: optional (B, n), 1 on real tokens, 0 on padding. Padding positions
             are removed from the graph: their rows and columns are zero, and the rows of real
             tokens are renormalised over real tokens only.
+        keep_heads: also keep every head's residual-mixed matrices (``heads``, H times the
+            memory of ``weights``), for per-head rollout and flow.
 
     Returns:
-        float32 tensor (L, B, n, n); rows of real tokens sum to 1.
+        AttentionGraph: ``weights`` float32 (L, B, n, n), rows of real tokens summing to 1,
+        and the (B, n) bool ``mask``.
 
     Raises:
-        ValueError: attentions of the wrong shape, or rows of real tokens that are negative,
-            NaN or do not sum to 1 (see :func:`~captum_attnflow.functional._checks.check_attention_values`).
+        ValueError: attentions of the wrong shape, rows of real tokens that are negative,
+            NaN or do not sum to 1 (see :func:`~captum_attnflow.functional.checks.check_attention_values`),
+            a mask of other values than 0/1, ``residual_alpha`` outside [0, 1], an unknown ``head_fusion``.
 
     On CPU, for attentions that need no gradient, each layer is fused and mixed in one compiled
     pass (numba, compiled on first use and cached) that also gathers the row statistics, checked
@@ -130,7 +182,7 @@ def attention_graph(
         >>> import torch
         >>> from captum_attnflow.functional import attention_graph
         >>> attentions = torch.softmax(torch.randn(6, 2, 8, 5, 5), -1)  # (L, B, H, n, n)
-        >>> attention_graph(attentions).sum(-1).allclose(torch.ones(6, 2, 5))
+        >>> attention_graph(attentions).weights.sum(-1).allclose(torch.ones(6, 2, 5))
         True
     """
     layers = attention_layers(attentions)
@@ -139,8 +191,35 @@ def attention_graph(
     mask = as_mask(attention_mask, batch, n, device)
     check_head_fusion(head_fusion)
     check_residual_alpha(residual_alpha)
-    graph = torch.empty(len(layers), batch, n, n, dtype=torch.float32, device=device)
-    if device.type == "cpu" and not any(layer.requires_grad for layer in layers):
+    residual_alpha = float(residual_alpha)
+    heads = _head_graphs(layers, residual_alpha, mask) if keep_heads else None
+    weights = _fused_graph(layers, residual_alpha, head_fusion, mask)
+    return AttentionGraph(weights, mask, residual_alpha, head_fusion, heads)
+
+
+def as_graph(
+    attentions: Attentions | AttentionGraph,
+    residual_alpha: float = 0.5,
+    head_fusion: str = "mean",
+    attention_mask: Tensor | None = None,
+    keep_heads: bool = False,
+) -> AttentionGraph:
+    """``attentions`` as an :class:`AttentionGraph`: built by :func:`attention_graph`, or
+    returned as it is when it already is one (built with heads when ``keep_heads`` asks for them)."""
+    if isinstance(attentions, AttentionGraph):
+        if keep_heads and attentions.heads is None:
+            raise ValueError(
+                "per-head results need the heads of the graph: build it with attention_graph(..., keep_heads=True)."
+            )
+        return attentions
+    return attention_graph(attentions, residual_alpha, head_fusion, attention_mask, keep_heads)
+
+
+def _fused_graph(layers: list[Tensor], residual_alpha: float, head_fusion: str, mask: Tensor) -> Tensor:
+    """(L, B, n, n) fused, residual-mixed graph; the attentions' values are checked on the way."""
+    batch, _, n, _ = layers[0].shape
+    graph = torch.empty(len(layers), batch, n, n, dtype=torch.float32, device=mask.device)
+    if mask.device.type == "cpu" and not any(layer.requires_grad for layer in layers):
         heads = layers[0].shape[1]
         row_sums = np.empty((len(layers), batch, heads, n), dtype=np.float32)
         negative_sums = np.empty_like(row_sums)
@@ -152,15 +231,27 @@ def attention_graph(
         check_row_statistics(torch.from_numpy(row_sums), torch.from_numpy(negative_sums), mask)
         return graph
     # Layer by layer rather than on a stacked copy: only the fused (L, B, n, n) graph is allocated.
-    for index, layer in enumerate(layers):
+    fused = []
+    for layer in layers:
         layer = layer.float()
         check_attention_values(layer, mask)
-        graph[index] = fuse_heads(layer, head_fusion)
+        fused.append(fuse_heads(layer, head_fusion))
+    return _mixed(torch.stack(fused), residual_alpha, mask)
+
+
+def _head_graphs(layers: list[Tensor], residual_alpha: float, mask: Tensor) -> Tensor:
+    """(L, B, H, n, n): every head residual-mixed on its own, padding removed."""
+    heads = torch.stack([layer.float() for layer in layers])
+    check_attention_values(heads, mask)
+    return _mixed(heads, residual_alpha, mask[:, None])
+
+
+def _mixed(weights: Tensor, residual_alpha: float, mask: Tensor) -> Tensor:
+    """Residual mixing of (..., B, [H,] n, n) weights with padding rows and columns removed."""
     if not mask.all():
-        keep = mask[:, :, None] & mask[:, None, :]  # (B, n, n): real query and real key
-        graph = graph * keep
-        return add_residual(graph, residual_alpha) * keep
-    return add_residual(graph, residual_alpha)
+        keep = mask[..., :, None] & mask[..., None, :]  # real query and real key
+        return add_residual(weights * keep, residual_alpha) * keep
+    return add_residual(weights, residual_alpha)
 
 
 def _compiled_graph_layer(

@@ -1,6 +1,43 @@
 """The model boundary: everything that touches a Hugging Face model (or a module wrapping one).
 
-Attention capture and the eager switch, padding positions, class scores, input embeddings,
-token-id and device checks, and leaving the model exactly as it was. Other packages use the
-names this package exports, never its private modules.
+Attention capture and the eager switch, padding order, class scores, input embeddings, token-id
+and device checks, and leaving the model exactly as it was (attention implementation, mode,
+hooks; one call at a time per model). The other packages use the names exported here, never
+this package's modules directly.
 """
+
+from captum_attnflow.hf.capture import attentions_of, extract_attentions
+from captum_attnflow.hf.inputs import (
+    as_tuple,
+    check_mask_not_in_args,
+    check_token_ids,
+    unpack_inputs,
+    warn_unmasked_padding,
+)
+from captum_attnflow.hf.models import check_device, hf_models, main_model, outermost, owning_module
+from captum_attnflow.hf.scores import ScoreForward, class_scores, input_embeddings, token_id
+from captum_attnflow.hf.state import eager_attention, exclusive, implementation, model_call, unchanged
+
+__all__ = [
+    "ScoreForward",
+    "as_tuple",
+    "attentions_of",
+    "check_device",
+    "check_mask_not_in_args",
+    "check_token_ids",
+    "class_scores",
+    "eager_attention",
+    "exclusive",
+    "extract_attentions",
+    "hf_models",
+    "implementation",
+    "input_embeddings",
+    "main_model",
+    "model_call",
+    "outermost",
+    "owning_module",
+    "token_id",
+    "unchanged",
+    "unpack_inputs",
+    "warn_unmasked_padding",
+]

@@ -1,8 +1,14 @@
-"""Validation shared by the functional core: attention stacks, masks, layer and position indices."""
+"""Validation of what enters the functional core: attention stacks, masks, layer and position indices.
+
+Public so that the model boundary and the attribution classes check their arguments with the
+same rules and messages as the functions they call.
+"""
 
 from __future__ import annotations
 
-from typing import Sequence, Union
+from typing import Any, Sequence, Union
+
+import numpy as np
 
 import torch
 from torch import Tensor
@@ -131,7 +137,12 @@ def check_row_statistics(row_sums: Tensor, negative_sums: Tensor, mask: Tensor) 
 
 
 def as_mask(attention_mask: Tensor | None, batch: int, n: int, device: torch.device) -> Tensor:
-    """Return a (B, n) bool mask, True on real tokens; all True when ``attention_mask`` is None."""
+    """Return a (B, n) bool mask, True on real tokens; all True when ``attention_mask`` is None.
+
+    Raises:
+        ValueError: the mask has another shape, holds values other than 0/1 (True/False), or
+            marks an example as all padding.
+    """
     if attention_mask is None:
         return torch.ones(batch, n, dtype=torch.bool, device=device)
     if not isinstance(attention_mask, Tensor):
@@ -140,6 +151,13 @@ def as_mask(attention_mask: Tensor | None, batch: int, n: int, device: torch.dev
         raise ValueError(
             f"attention_mask must have shape (B, n) = {(batch, n)}, got {tuple(attention_mask.shape)}; "
             "pass the tokenizer's attention_mask (1 = real token, 0 = padding)."
+        )
+    if attention_mask.dtype != torch.bool and not ((attention_mask == 0) | (attention_mask == 1)).all():
+        # A 2 or a 0.5 is not a padding mask: models would scale or shift attention by it.
+        odd = attention_mask[(attention_mask != 0) & (attention_mask != 1)].unique()[:5].tolist()
+        raise ValueError(
+            f"attention_mask must hold only 0 (padding) and 1 (real token), found {odd}; pass the "
+            "tokenizer's attention_mask, or (mask > 0).long() for a mask of other values."
         )
     mask = attention_mask.to(device=device).bool()
     empty = (~mask.any(-1)).nonzero().flatten()
@@ -152,8 +170,9 @@ def layer_indices(layer: int | None, num_layers: int) -> list[int]:
     """Turn ``layer`` (1..L, negative from the top, or None for all) into 0-based indices."""
     if layer is None:
         return list(range(num_layers))
-    if isinstance(layer, bool) or not isinstance(layer, int):
+    if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)):
         raise TypeError(f"layer must be an int (1..L or negative) or None, got {type(layer).__name__}.")
+    layer = int(layer)
     if layer == 0 or not -num_layers <= layer <= num_layers:
         raise ValueError(
             f"layer={layer} is out of range for a model with L={num_layers} layers: use 1..{num_layers} "
@@ -162,39 +181,122 @@ def layer_indices(layer: int | None, num_layers: int) -> list[int]:
     return [layer - 1 if layer > 0 else num_layers + layer]
 
 
-def position_indices(position: int | Tensor, mask: Tensor) -> Tensor:
-    """Turn ``position`` (int or (B,) LongTensor, negative counts from n) into a (B,) LongTensor.
+POSITION_DOC = """the explained position(s), one meaning everywhere:
 
-    Raises if a position is out of range or falls on a padding token.
+            * an int: the same position in every example (negative counts from n, as in
+              Python indexing); the result has no position axis;
+            * a (B,) integer tensor: one position per example, e.g. each example's last real
+              token ``attention_mask.sum(1) - 1``; no position axis;
+            * a list of S ints: the same S positions in every example; the result gets a
+              position axis of size S right before the token axis;
+            * a (B, S) integer tensor: S positions per example; position axis S.
+
+            Positions must not fall on padding. Float and bool values are refused."""
+
+
+def positions(position: Any, mask: Tensor, name: str = "position") -> tuple[Tensor, bool]:
+    """Turn ``position`` (see ``POSITION_DOC``) into a (B, S) LongTensor of indices in 0..n-1.
+
+    Args:
+        position: an int, a list of ints, a (B,) or a (B, S) integer tensor.
+        mask: (B, n) bool, True on real tokens.
+        name: the argument's name in the caller, for error messages.
+
+    Returns:
+        tuple: ``(indices (B, S), has_axis)``; ``has_axis`` is False for an int or a (B,)
+        tensor (S = 1, the caller drops the axis), True for a list or a (B, S) tensor.
+
+    Raises:
+        TypeError: float, bool, string or other non-integer positions.
+        ValueError: a shape that fits no form above, an empty list, a position out of range or
+            on padding.
     """
     batch, n = mask.shape
     if isinstance(position, Tensor):
-        if position.dim() == 0:
-            position = position.expand(batch)
-        if position.shape != (batch,) or position.dtype.is_floating_point or position.dtype == torch.bool:
-            raise ValueError(
-                f"position as a tensor must be a (B,) = ({batch},) integer tensor, got "
-                f"shape {tuple(position.shape)} and dtype {position.dtype}."
+        if position.dtype.is_floating_point or position.dtype.is_complex or position.dtype == torch.bool:
+            raise TypeError(
+                f"{name} must hold integer token indices, got a tensor of dtype {position.dtype}; "
+                "convert it with .long()."
             )
-        positions = position.to(mask.device, torch.long)
-    elif isinstance(position, int) and not isinstance(position, bool):
-        positions = torch.full((batch,), position, dtype=torch.long, device=mask.device)
+        if position.dim() == 0:
+            indices, has_axis = position.reshape(1, 1).expand(batch, 1), False
+        elif position.dim() == 1 and position.shape[0] == batch:
+            indices, has_axis = position[:, None], False
+        elif position.dim() == 2 and position.shape[0] == batch:
+            indices, has_axis = position, True
+        else:
+            raise ValueError(
+                f"{name} as a tensor must be (B,) = ({batch},), one per example, or (B, S) with B = {batch}, "
+                f"got shape {tuple(position.shape)}; for the same positions in every example pass a list of ints."
+            )
+        indices = indices.to(mask.device, torch.long)
+    elif isinstance(position, (int, np.integer)) and not isinstance(position, (bool, np.bool_)):
+        indices, has_axis = torch.full((batch, 1), int(position), dtype=torch.long, device=mask.device), False
+    elif isinstance(position, (list, tuple)):
+        if not position:
+            raise ValueError(f"{name} is an empty list: pass at least one position.")
+        if not all(isinstance(p, (int, np.integer)) and not isinstance(p, (bool, np.bool_)) for p in position):
+            raise TypeError(f"a list of {name} must hold ints, got {position!r}.")
+        indices = torch.tensor([int(p) for p in position], dtype=torch.long, device=mask.device).expand(batch, -1)
+        has_axis = True
     else:
-        raise TypeError(f"position must be an int or a (B,) LongTensor, got {type(position).__name__}.")
-    if ((positions < -n) | (positions >= n)).any():
-        raise ValueError(f"position {positions.tolist()} is out of range for sequences of n={n} tokens.")
-    positions = positions % n
-    on_padding = ~mask.gather(1, positions[:, None]).squeeze(1)
+        raise TypeError(
+            f"{name} must be an int, a list of ints, or a (B,) or (B, S) integer tensor, got {type(position).__name__}."
+        )
+    if indices.shape[1] == 0:
+        raise ValueError(f"{name} has no entries (S = 0): pass at least one position per example.")
+    if ((indices < -n) | (indices >= n)).any():
+        raise ValueError(f"{name} {indices.squeeze(-1).tolist()} is out of range for sequences of n={n} tokens.")
+    indices = indices % n
+    on_padding = ~mask.gather(1, indices)
     if on_padding.any():
-        bad = on_padding.nonzero().flatten().tolist()
+        bad = on_padding.any(1).nonzero().flatten().tolist()
         raise ValueError(
-            f"position falls on a padding token in examples {bad}; pass a (B,) LongTensor of real positions "
+            f"{name} falls on a padding token in examples {bad}; pass a (B,) LongTensor of real positions "
             "(e.g. attention_mask.sum(1) - 1 for the last real token with right padding)."
         )
-    return positions
+    return indices, has_axis
+
+
+def default_position(mask: Tensor, causal: bool) -> Tensor:
+    """The position explained when none is given, (B,): each example's last real token for
+    causal (decoder) attention, where only the last token has seen the whole input; else 0,
+    the CLS token of an encoder."""
+    if not causal:
+        return torch.zeros(mask.shape[0], dtype=torch.long, device=mask.device)
+    columns = torch.arange(mask.shape[1], device=mask.device)
+    return torch.where(mask, columns, -1).amax(1)
+
+
+def head_indices(head: int | str | None, num_heads: int) -> list[int] | None:
+    """Turn ``head`` (None for fused heads, an int k, or ``"all"``) into 0-based head indices."""
+    if head is None:
+        return None
+    if head == "all":
+        return list(range(num_heads))
+    if isinstance(head, bool) or not isinstance(head, (int, np.integer)):
+        raise TypeError(f'head must be None (heads fused), an int or "all", got {head!r}.')
+    if not -num_heads <= int(head) < num_heads:
+        raise ValueError(f"head={head} is out of range for layers of H={num_heads} heads: use 0..{num_heads - 1}.")
+    return [int(head) % num_heads]
+
+
+def shape_result(scores: Tensor, layer: int | None, has_position_axis: bool, head: int | str | None = None) -> Tensor:
+    """Drop the axes the caller did not ask for from (layers, [H,] B, S, n) scores: the layer
+    axis for one layer, the head axis for one head, the position axis for one position per example."""
+    if not has_position_axis:
+        scores = scores.squeeze(-2)
+    if head is not None and head != "all":
+        scores = scores.squeeze(1)
+    return scores[0] if layer is not None else scores
 
 
 def check_residual_alpha(residual_alpha: float) -> None:
+    if isinstance(residual_alpha, bool) or not isinstance(residual_alpha, (int, float, np.floating, np.integer)):
+        raise TypeError(
+            f"residual_alpha must be a number in [0, 1] (weight of attention against the residual identity), "
+            f"got {type(residual_alpha).__name__}; the paper uses 0.5, 1.0 gives raw attention."
+        )
     if not 0.0 <= float(residual_alpha) <= 1.0:
         raise ValueError(
             f"residual_alpha must lie in [0, 1] (weight of attention against the residual identity), "

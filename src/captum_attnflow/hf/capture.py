@@ -1,0 +1,192 @@
+"""Getting attention maps out of Hugging Face models or user callables, leaving the model unchanged."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable
+
+import torch
+from torch import Tensor, nn
+from transformers import PreTrainedModel
+
+from captum_attnflow.hf.inputs import as_tuple, check_mask_not_in_args, real_tokens_first, reorder_tokens
+from captum_attnflow.hf.models import check_device, encoder_of, hf_models, outermost, owning_module
+from captum_attnflow.hf.state import eager_attention, exclusive, unchanged
+
+
+def extract_attentions(
+    forward_func: Callable[..., Any],
+    inputs: Tensor,
+    additional_forward_args: Any = None,
+    attention_mask: Tensor | None = None,
+) -> tuple[Tensor, ...]:
+    """Run ``forward_func`` once without gradients and return its attentions, L tensors (B, H, n, n).
+
+    ``forward_func`` may be
+
+    * a Hugging Face model: called as ``model(inputs, *additional_forward_args,
+      attention_mask=attention_mask, output_attentions=True)`` with eager attention. A
+      left-padded batch runs with each row's real tokens moved to the front (and the maps
+      moved back), so a padded sentence is encoded exactly as it is alone, whatever the
+      model's positions; ``additional_forward_args`` tensors shaped (B, n, ...) move with the
+      tokens. Of an encoder-decoder model (T5, BART, ...) only the encoder runs: its
+      self-attentions are the ones over the input tokens;
+    * any ``nn.Module`` (or bound method of one) that contains a Hugging Face model, e.g. a
+      classifier or sentence-embedding wrapper: called as
+      ``forward_func(inputs, *additional_forward_args)`` while the attentions of its outermost
+      Hugging Face model are captured. With padding, the wrapper must pass the mask on to the
+      model itself (e.g. through ``additional_forward_args``); it is an error if it does not.
+      An encoder-decoder model called by the wrapper gives its encoder's attentions;
+    * any other callable ``forward_func(inputs, *additional_forward_args)`` that returns the
+      attentions: a sequence of (B, H, n, n) tensors, an (L, B, H, n, n) tensor, or an object
+      with an ``attentions`` attribute.
+
+    Modules run in eval mode for the call (attention dropout would make the maps random and
+    their rows not sum to 1); each submodule's mode, the forward hooks and the attention
+    implementation are restored afterwards, also when the call raises. Calls on one model
+    from several threads run one at a time.
+
+    Args:
+        forward_func: a Hugging Face model, a module or bound method containing one, or a
+            callable returning attentions (see above).
+        inputs: token ids (B, n) (or whatever ``forward_func`` takes first).
+        additional_forward_args: extra positional arguments passed after ``inputs``: one
+            value, a tuple of them, or None.
+        attention_mask: (B, n), 1 on real tokens, 0 on padding; passed to a Hugging Face
+            model as ``attention_mask``. Optional.
+
+    Returns:
+        tuple[Tensor, ...]: L tensors (B, H, n, n), one per layer, row = query, detached.
+
+    Raises:
+        ValueError: the inputs are not on the model's device, no attentions come back, or a
+            wrapper drops the attention mask of a padded batch.
+
+    Example::
+
+        >>> import torch
+        >>> from transformers import BertConfig, BertModel
+        >>> from captum_attnflow import extract_attentions
+        >>> model = BertModel(BertConfig(num_hidden_layers=2, hidden_size=32,
+        ...     num_attention_heads=2, intermediate_size=64)).eval()
+        >>> attentions = extract_attentions(model, torch.tensor([[101, 7592, 102]]))
+        >>> len(attentions), attentions[0].shape
+        (2, torch.Size([1, 2, 3, 3]))
+    """
+    args = as_tuple(additional_forward_args)
+    module = owning_module(forward_func)
+    if module is not None:
+        check_device(module, inputs)
+    if attention_mask is not None:
+        attention_mask = torch.as_tensor(attention_mask).to(inputs.device)
+    with torch.no_grad():
+        if isinstance(forward_func, PreTrainedModel):
+            return _model_attentions(forward_func, inputs, args, attention_mask)
+        if module is not None and hf_models(module):
+            with unchanged(module):
+                return _captured_attentions(module, lambda: forward_func(inputs, *args), attention_mask)
+        return attentions_of(forward_func(inputs, *args))
+
+
+def _model_attentions(
+    model: PreTrainedModel, inputs: Tensor, args: tuple, attention_mask: Tensor | None
+) -> tuple[Tensor, ...]:
+    """Attentions of a Hugging Face model (its encoder for a seq2seq model), real tokens first."""
+    check_mask_not_in_args(model, args, attention_mask)
+    runner = encoder_of(model, args)
+    order = real_tokens_first(attention_mask) if attention_mask is not None else None
+    kwargs: dict[str, Any] = {"output_attentions": True}
+    if attention_mask is not None:
+        kwargs["attention_mask"] = attention_mask
+    if order is not None:
+        inputs, kwargs["attention_mask"] = reorder_tokens(inputs, order), reorder_tokens(attention_mask, order)
+        args = tuple(_moved_with_tokens(arg, order) for arg in args)
+    with eager_attention(model), unchanged(model):
+        attentions = attentions_of(runner(inputs, *args, **kwargs))
+    if order is None:
+        return attentions
+    back = order.argsort(dim=-1)  # original position -> place in the run
+    return tuple(_maps_in_order(layer, back) for layer in attentions)
+
+
+def _moved_with_tokens(arg: Any, order: Tensor) -> Any:
+    if isinstance(arg, Tensor) and arg.dim() >= 2 and tuple(arg.shape[:2]) == tuple(order.shape):
+        return reorder_tokens(arg, order)
+    return arg
+
+
+def _maps_in_order(layer: Tensor, back: Tensor) -> Tensor:
+    """(B, H, n, n) maps computed on reordered tokens, rows and columns put back: entry
+    ``[b, h, i, j]`` of the result is ``layer[b, h, back[b, i], back[b, j]]``."""
+    batch, heads, n, _ = layer.shape
+    rows = back[:, None, :, None].expand(batch, heads, n, n)
+    columns = back[:, None, None, :].expand(batch, heads, n, n)
+    return layer.gather(2, rows).gather(3, columns)
+
+
+def _captured_attentions(
+    module: nn.Module, call: Callable[[], Any], attention_mask: Tensor | None = None
+) -> tuple[Tensor, ...]:
+    """Call ``call()`` and return the attentions of the outermost Hugging Face model in ``module``.
+
+    With a padded ``attention_mask``, raises if the model is called without a mask.
+    """
+    captured: list[Any] = []
+    targets = outermost(hf_models(module))
+    padded = attention_mask is not None and not bool(attention_mask.bool().all())
+
+    def check_mask(model: nn.Module, args: tuple, kwargs: dict) -> None:
+        if padded and _call_argument(model, args, kwargs, "attention_mask") is None:
+            raise ValueError(
+                f"attention_mask marks padding, but {type(module).__name__} calls its "
+                f"{type(model).__name__} without an attention_mask, so padding would influence real "
+                "tokens; make the wrapper pass the mask on (e.g. through additional_forward_args)."
+            )
+
+    def keep_output(_module: nn.Module, _args: Any, output: Any) -> None:
+        captured.append(output)
+
+    with exclusive(module):
+        saved = [model.config.output_attentions for model in targets]
+        handles = [model.register_forward_pre_hook(check_mask, with_kwargs=True) for model in targets]
+        handles += [model.register_forward_hook(keep_output) for model in targets]
+        try:
+            with eager_attention(module):
+                for model in targets:
+                    model.config.output_attentions = True
+                call()
+        finally:
+            for handle in handles:
+                handle.remove()
+            for model, value in zip(targets, saved):
+                model.config.output_attentions = value
+    if not captured:
+        raise ValueError(
+            f"{type(module).__name__} never called its Hugging Face model, so no attentions were captured; "
+            "pass the Hugging Face model itself as forward_func."
+        )
+    return attentions_of(captured[0])
+
+
+def _call_argument(model: nn.Module, args: tuple, kwargs: dict, name: str) -> Any:
+    """The value ``model.forward`` receives for ``name`` from a call with ``args`` and ``kwargs``."""
+    if name in kwargs:
+        return kwargs[name]
+    parameters = list(inspect.signature(model.forward).parameters)
+    index = parameters.index(name) if name in parameters else len(args)
+    return args[index] if index < len(args) else None
+
+
+def attentions_of(output: Any) -> tuple[Tensor, ...]:
+    """The attentions in a model output: ``.attentions`` (``.encoder_attentions`` of a seq2seq
+    output), a sequence of (B, H, n, n) tensors or one (L, B, H, n, n) tensor."""
+    attentions = getattr(output, "attentions", getattr(output, "encoder_attentions", output))
+    if isinstance(attentions, Tensor):
+        attentions = tuple(attentions) if attentions.dim() == 5 else None
+    if isinstance(attentions, (tuple, list)) and attentions and all(isinstance(a, Tensor) for a in attentions):
+        return tuple(attentions)
+    raise ValueError(
+        "the model returned no attentions. A Hugging Face model must support output_attentions=True "
+        "(eager attention is switched on automatically); a custom forward_func must return a sequence "
+        f"of (B, H, n, n) attention tensors, an (L, B, H, n, n) tensor or an object with .attentions; got {type(output).__name__}."
+    )

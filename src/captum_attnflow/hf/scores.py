@@ -1,0 +1,132 @@
+"""Class scores of a model for Captum: the forward function the baselines and AOPC explain."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch import Tensor, nn
+from transformers import PreTrainedModel
+
+from captum_attnflow.functional.checks import as_mask
+from captum_attnflow.hf.inputs import as_tuple, check_mask_not_in_args, check_token_ids, unpack_inputs
+from captum_attnflow.hf.models import check_device, main_model, owning_module
+
+
+def class_scores(output: Any) -> Tensor:
+    """Reduce a model output to its (B, C) class scores: ``.logits``, the first tuple item, or the tensor."""
+    scores = getattr(output, "logits", None)
+    if scores is None and isinstance(output, (tuple, list)) and output:
+        scores = output[0]
+    if scores is None and isinstance(output, Tensor):
+        scores = output
+    if not isinstance(scores, Tensor) or scores.dim() != 2:
+        shape = tuple(scores.shape) if isinstance(scores, Tensor) else type(output).__name__
+        raise ValueError(
+            f"the model must return (B, C) class scores (e.g. a Hugging Face *ForSequenceClassification "
+            f"model's logits), got {shape}. For a base model or a masked-LM, wrap it in a module that "
+            "returns the scores to explain, e.g. logits[torch.arange(B), mask_position]."
+        )
+    return scores
+
+
+class ScoreForward:
+    """``forward(inputs, attention_mask, *args) -> (B, C)`` for Captum, logits or probabilities.
+
+    A Hugging Face model is called as ``model(inputs, *args, attention_mask=attention_mask)``;
+    any other module or callable as ``forward_func(inputs, *args)`` (it gets no mask: put it in
+    ``additional_forward_args`` if it needs one). The mask comes right after the inputs so that
+    Captum expands it together with them when it batches perturbations or integration steps.
+    """
+
+    def __init__(self, forward_func: Callable[..., Any], probabilities: bool = False) -> None:
+        if not callable(forward_func):
+            raise TypeError(f"forward_func must be a model or a callable, got {type(forward_func).__name__}.")
+        self.forward_func = forward_func
+        self.probabilities = probabilities
+        self.is_hf = isinstance(forward_func, PreTrainedModel)
+
+    def __call__(self, inputs: Tensor, attention_mask: Tensor, *args: Any) -> Tensor:
+        if self.is_hf:
+            output = self.forward_func(inputs, *args, attention_mask=attention_mask)
+        else:
+            output = self.forward_func(inputs, *args)
+        scores = class_scores(output)
+        return torch.softmax(scores.float(), dim=-1) if self.probabilities else scores
+
+    def prepare(
+        self, inputs: Any, attention_mask: Tensor | None, additional_forward_args: Any
+    ) -> tuple[Tensor, Tensor, tuple]:
+        """Check the inputs and return ``(token ids (B, n), bool mask (B, n), Captum's
+        additional_forward_args: the long mask, then the user's)``. ``inputs`` may be the
+        tokenizer's output."""
+        inputs, attention_mask = unpack_inputs(inputs, attention_mask)
+        check_token_ids(inputs, self.forward_func)
+        check_device(self.forward_func, inputs)
+        args = as_tuple(additional_forward_args)
+        check_mask_not_in_args(self.forward_func, args, attention_mask)
+        mask = as_mask(attention_mask, inputs.shape[0], inputs.shape[1], inputs.device)
+        return inputs, mask, (mask.long(), *args)
+
+    def target(self, inputs: Tensor, extra_args: tuple, target: Any) -> Any:
+        """Captum's ``target``, checked: None means each example's predicted class (argmax of
+        the scores); an int, a list or a (B,) tensor of class indices must be in range."""
+        if isinstance(target, (str, bool)):
+            raise TypeError(
+                f"target must be a class index (int, list or (B,) tensor), got {target!r}; "
+                "map a label name with model.config.label2id[name]."
+            )
+        with torch.no_grad():
+            scores = self(inputs, *extra_args)
+        if target is None:
+            return scores.argmax(-1)
+        indices = torch.as_tensor(target)
+        if indices.dtype.is_floating_point or indices.dtype == torch.bool or indices.dim() > 1:
+            raise TypeError(f"target must be integer class indices, one or (B,), got {target!r}.")
+        if indices.dim() == 1 and indices.numel() not in (1, inputs.shape[0]):
+            raise ValueError(f"target must give one class per example (B = {inputs.shape[0]}) or one for all, got {indices.numel()}.")
+        classes = scores.shape[-1]
+        if bool(((indices < 0) | (indices >= classes)).any()):
+            raise ValueError(
+                f"target {indices.tolist()} is out of range: the model scores C = {classes} classes, 0..{classes - 1}."
+            )
+        return target
+
+
+def input_embeddings(forward_func: Any) -> nn.Module:
+    """The token embedding layer: ``get_input_embeddings()`` of the model, or of the outermost
+    Hugging Face model inside a wrapping module."""
+    getter = getattr(forward_func, "get_input_embeddings", None)
+    if getter is None:
+        model = main_model(forward_func)
+        getter = model.get_input_embeddings if model is not None else None
+    layer = getter() if getter is not None else None
+    if not isinstance(layer, nn.Module):
+        raise ValueError(
+            f"cannot find the token embedding layer of {type(forward_func).__name__}: it has no "
+            "get_input_embeddings() and contains no Hugging Face model; pass embedding_layer=model.<embeddings>."
+        )
+    return layer
+
+
+def token_id(forward_func: Any, token: int | str, tokenizer: Any = None, argument: str = "token") -> int:
+    """Turn ``token`` (an id, or ``"unk"``, ``"pad"``, ``"mask"``) into a token id.
+
+    Names are looked up as ``<name>_token_id`` on ``tokenizer``, then on the model's config;
+    ``argument`` is the caller's argument name, which the error message tells the user to set.
+    """
+    if isinstance(token, int) and not isinstance(token, bool):
+        return token
+    if token not in ("unk", "pad", "mask"):
+        raise ValueError(f'{argument} must be a token id or one of "unk", "pad", "mask", got {token!r}.')
+    name = f"{token}_token_id"
+    config = getattr(owning_module(forward_func) or forward_func, "config", None)
+    for source in (tokenizer, config):
+        value = getattr(source, name, None) if source is not None else None
+        if isinstance(value, int):
+            return value
+    where = "the model's config" + (" or the tokenizer" if tokenizer is not None else "")
+    raise ValueError(
+        f"cannot find the {token} token id: {where} has no {name}; pass the id itself, "
+        f"e.g. {argument}=tokenizer.convert_tokens_to_ids('[{token.upper()}]')."
+    )

@@ -1,0 +1,147 @@
+"""Leaving the user's model exactly as it was: eager attention for one call, mode and hooks
+restored, and one call at a time per model.
+
+Asking a transformers 5 model for attentions changes it for the duration of the call: its
+attention implementation (sdpa computes no weights), its mode (dropout would make the maps
+random), its forward hooks (transformers installs output-capturing hooks on first use) and
+``config.output_attentions``. Two threads doing that to one model at once would undo each
+other's changes, so every call that touches a model holds that model's lock (:func:`exclusive`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+from typing import Any, Iterator
+
+from torch import nn
+
+from captum_attnflow.hf.models import configs, hf_models, outermost, owning_module
+
+
+@contextlib.contextmanager
+def eager_attention(module: nn.Module) -> Iterator[None]:
+    """Context manager: every Hugging Face model inside ``module`` uses eager attention.
+
+    Transformers 5 defaults to ``sdpa`` attention, which computes no attention weights, so
+    ``output_attentions=True`` gives an empty tuple. Each model's own attention implementation
+    is restored on exit, also after an exception. :func:`~captum_attnflow.extract_attentions` uses it; call it
+    yourself to get attentions from a model you run directly.
+
+    Args:
+        module: a Hugging Face model, or any ``nn.Module`` containing some.
+
+    Yields:
+        None; inside the block the models compute eager attention.
+
+    Example::
+
+        >>> import torch
+        >>> from transformers import BertConfig, BertModel
+        >>> from captum_attnflow import eager_attention
+        >>> model = BertModel(BertConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=2,
+        ...     intermediate_size=64, attn_implementation="sdpa")).eval()
+        >>> ids = torch.tensor([[101, 7592, 102]])
+        >>> len(model(ids, output_attentions=True).attentions)  # sdpa computes no weights
+        0
+        >>> with eager_attention(model):
+        ...     output = model(ids, output_attentions=True)
+        >>> len(output.attentions), model.config._attn_implementation  # restored afterwards
+        (2, 'sdpa')
+    """
+    with implementation(module, "eager"):
+        yield
+
+
+@contextlib.contextmanager
+def implementation(module: nn.Module, name: str) -> Iterator[None]:
+    """Every Hugging Face model inside ``module`` uses the attention implementation ``name``
+    (a built-in one or one registered with ``transformers.AttentionInterface``); restored on exit."""
+    found = configs(hf_models(module))
+    saved = {key: config._attn_implementation for key, config in found.items()}
+    with exclusive(module):
+        try:
+            for model in outermost(hf_models(module)):
+                if model.config._attn_implementation != name:
+                    model.set_attn_implementation(name)
+            yield
+        finally:
+            # set_attn_implementation re-resolves sub-configs from the top-level request, which
+            # could differ from what each sub-model had; writing back each config's own value
+            # restores exactly what was there.
+            for key, config in found.items():
+                config._attn_implementation_internal = saved[key]
+
+
+_HOOK_DICTS = (
+    "_forward_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+    "_forward_pre_hooks",
+    "_forward_pre_hooks_with_kwargs",
+)
+_HOOKS_INSTALLED = "_output_capturing_hooks_installed"
+
+
+@contextlib.contextmanager
+def unchanged(module: nn.Module) -> Iterator[None]:
+    """Run the block with ``module`` in eval mode, alone; restore modes, forward hooks and the
+    output-capturing flag on exit.
+
+    The first time a transformers 5 model is asked for attentions it installs output-capturing
+    hooks on its layers and keeps them (flagged by ``_output_capturing_hooks_installed``); the
+    user's model must come back with exactly the hooks it had, also after an exception.
+    """
+    with exclusive(module):
+        modules = list(module.modules())
+        modes = [m.training for m in modules]
+        hooks = [{name: set(getattr(m, name, {})) for name in _HOOK_DICTS} for m in modules]
+        flags = [m.__dict__.get(_HOOKS_INSTALLED) for m in modules]
+        module.eval()
+        try:
+            yield
+        finally:
+            for m, mode, before, flag in zip(modules, modes, hooks, flags):
+                m.training = mode
+                for name, keys in before.items():
+                    added = getattr(m, name, {})
+                    for key in [key for key in added if key not in keys]:
+                        del added[key]
+                if flag is None:
+                    m.__dict__.pop(_HOOKS_INSTALLED, None)
+                else:
+                    m.__dict__[_HOOKS_INSTALLED] = flag
+
+
+_LOCKS: "weakref.WeakKeyDictionary[nn.Module, threading.RLock]" = weakref.WeakKeyDictionary()
+_LOCKS_GUARD = threading.Lock()
+
+
+@contextlib.contextmanager
+def exclusive(module: nn.Module) -> Iterator[None]:
+    """Hold the locks of ``module`` and of every Hugging Face model in it for the block.
+
+    Re-entrant, so nested calls of one thread (an evaluator calling a method) go through; locks
+    are taken in one global order (by id), so two threads locking overlapping sets of models
+    cannot deadlock. Calls on different models still run in parallel.
+    """
+    targets = {id(m): m for m in [module, *hf_models(module)]}
+    with _LOCKS_GUARD:
+        locks = [_LOCKS.setdefault(targets[key], threading.RLock()) for key in sorted(targets)]
+    with contextlib.ExitStack() as stack:
+        for lock in locks:
+            stack.enter_context(lock)
+        yield
+
+
+@contextlib.contextmanager
+def model_call(forward_func: Any) -> Iterator[None]:
+    """A call on ``forward_func`` as the baselines and evaluators make it: its module (if it has
+    one) alone and in eval mode for the block, modes and hooks restored afterwards (:func:`unchanged`)."""
+    module = owning_module(forward_func)
+    if module is None:
+        yield
+        return
+    with unchanged(module):
+        yield
