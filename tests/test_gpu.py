@@ -13,11 +13,11 @@ import copy
 import pytest
 import torch
 
-from _classifier import FirstTokenClassifier, make_classifier, padded_batch
+from helpers import FirstTokenClassifier, make_classifier, padded_batch
 from captum_attnflow import AttentionFlow, AttentionRollout, RawAttention
 from captum_attnflow.baselines import BlankOut, TokenInputXGradient, TokenIntegratedGradients, TokenSaliency
 from captum_attnflow.evaluate import aopc_comprehensiveness
-from conftest import make_tiny_model
+from helpers import make_tiny_model
 
 pytestmark = [
     pytest.mark.gpu,

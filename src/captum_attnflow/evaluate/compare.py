@@ -50,14 +50,22 @@ def compare(
         raise TypeError("attributions and references must be mappings {name: scores}, e.g. {'rollout': scores}.")
     if not attributions or not references:
         raise ValueError("pass at least one attribution method and one reference.")
-    methods = {name: as_scores(values, f"attributions[{name!r}]") for name, values in attributions.items()}
-    refs = {name: as_scores(values, f"references[{name!r}]") for name, values in references.items()}
+    methods = {name: _token_scores(values, f"attributions[{name!r}]") for name, values in attributions.items()}
+    refs = {name: _token_scores(values, f"references[{name!r}]") for name, values in references.items()}
     for name, values in refs.items():
         if values.dim() != 2:
-            raise ValueError(f"reference {name!r} must be (B, n) scores, got shape {tuple(values.shape)}.")
+            raise ValueError(
+                f"reference {name!r} must be (B, n) scores, one per token, got shape {tuple(values.shape)}"
+                + (_PER_DIMENSION_FIX if values.dim() == 3 else ".")
+            )
     shape = next(iter(refs.values())).shape
     for kind, mapping in (("reference", refs), ("method", methods)):
         for name, values in mapping.items():
+            if values.dim() == 3 and tuple(values.shape[:2]) == tuple(shape) and tuple(values.shape[-2:]) != tuple(shape):
+                raise ValueError(
+                    f"{kind} {name!r} has shape {tuple(values.shape)}: (B, n, d) scores per embedding dimension"
+                    + _PER_DIMENSION_FIX
+                )
             if values.dim() not in (2, 3) or tuple(values.shape[-2:]) != tuple(shape):
                 raise ValueError(
                     f"{kind} {name!r} has shape {tuple(values.shape)} but the references are (B, n) = "
@@ -79,6 +87,21 @@ def compare(
     if not scores:
         raise ValueError("nothing to compare: every method is also the only reference it would be compared with.")
     return ComparisonResult(ids, scores)
+
+
+_PER_DIMENSION_FIX = (
+    "; reduce them to one score per token first, e.g. scores.sum(-1) (signed) or scores.norm(dim=-1)."
+)
+
+
+def _token_scores(values: Any, name: str) -> Tensor:
+    """Scores as a float64 tensor, refusing a Captum ``(attributions, delta)`` pair with the fix."""
+    if isinstance(values, tuple) and len(values) == 2 and all(isinstance(v, Tensor) for v in values):
+        raise TypeError(
+            f"{name} is a tuple of two tensors, like the (attributions, delta) Captum returns for "
+            "return_convergence_delta=True; pass the attributions alone, e.g. result[0]."
+        )
+    return as_scores(values, name)
 
 
 def _token_mask(mask: Any, exclude: Any, shape: torch.Size) -> Tensor:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import glob
+import hashlib
 import inspect
+import json
 import os
+import zipfile
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -14,6 +18,10 @@ from tqdm.auto import tqdm
 
 from captum_attnflow.evaluate.compare import compare
 from captum_attnflow.evaluate.results import ComparisonResult
+from captum_attnflow.hf import model_call
+
+# Written into every checkpoint: a file without it was not written by an Evaluator.
+CHECKPOINT_FORMAT = "captum_attnflow.Evaluator checkpoint 1"
 
 
 class Evaluator:
@@ -92,7 +100,10 @@ class Evaluator:
                 order, so iterate in a fixed order (``shuffle=False``) to resume or merge.
             checkpoint: a ``.npz`` path. Scores found there (and in the ``.part<rank>.npz``
                 files an interrupted run leaves) are reused and their batches skipped; the
-                final result is saved there.
+                final result is saved there. Files are written whole or not at all (a
+                temporary file, then a rename), and progress is saved when the run is
+                interrupted (Ctrl-C, an error). A checkpoint records the methods and a hash of
+                every example's tokens: resuming with other methods or other data is refused.
             save_every: write this process's partial scores every this many batches.
 
         Returns:
@@ -123,31 +134,56 @@ class Evaluator:
         """
         rank, world = _process_group(_device(self.model))
         _check_not_sharded(data, world)
-        done = _load_checkpoint(checkpoint) if checkpoint is not None else ComparisonResult(np.zeros(0, np.int64))
+        fingerprint = self.fingerprint()
+        done, hashes = (
+            _load_checkpoint(checkpoint, fingerprint) if checkpoint is not None else (_empty_result(), {})
+        )
         done_ids = set(done.example_ids.tolist())
         parts: list[ComparisonResult] = []
         offset = 0
         total = len(data) if hasattr(data, "__len__") else None
         bar = tqdm(data, total=total, desc="evaluating", disable=not self.show_progress or rank != 0)
-        for index, batch in enumerate(bar):
-            size = _batch_size(batch)
-            ids = np.arange(offset, offset + size)
-            offset += size
-            if index % world != rank or done_ids.issuperset(ids.tolist()):
-                continue
-            try:
-                parts.append(self.evaluate_batch(batch, example_ids=ids))
-            except (TypeError, ValueError) as error:
-                raise type(error)(f"batch {index} (examples {ids[0]}..{ids[-1]}): {error}") from error
-            if checkpoint is not None and len(parts) % save_every == 0:
-                # `done` goes in too: this file replaces the one it may have been loaded from.
-                ComparisonResult.merge([done, *parts]).save(_part_path(checkpoint, rank))
-        bar.close()
+        try:
+            for index, batch in enumerate(bar):
+                size = _batch_size(batch)
+                ids = np.arange(offset, offset + size)
+                offset += size
+                if index % world != rank:
+                    continue
+                batch_hashes = _example_hashes(batch)
+                if done_ids.issuperset(ids.tolist()):
+                    _check_same_examples(checkpoint, ids, batch_hashes, hashes)
+                    continue
+                try:
+                    parts.append(self.evaluate_batch(batch, example_ids=ids))
+                except (TypeError, ValueError) as error:
+                    raise type(error)(f"batch {index} (examples {ids[0]}..{ids[-1]}): {error}") from error
+                hashes.update(zip(ids.tolist(), batch_hashes))
+                if checkpoint is not None and len(parts) % save_every == 0:
+                    # `done` goes in too: this file replaces the one it may have been loaded from.
+                    _write_checkpoint(ComparisonResult.merge([done, *parts]), _part_path(checkpoint, rank), fingerprint, hashes)
+        except BaseException:
+            if checkpoint is not None and parts:  # keep what was computed: an interrupted run resumes from it
+                _write_checkpoint(ComparisonResult.merge([done, *parts]), _part_path(checkpoint, rank), fingerprint, hashes)
+            raise
+        finally:
+            bar.close()
         mine = ComparisonResult.merge([done, *parts])
         result = ComparisonResult.merge(_gather(mine)) if world > 1 else mine
         if checkpoint is not None:
-            _save_final(result, checkpoint, rank, world)
+            all_hashes = _gather_hashes(hashes) if world > 1 else hashes
+            _save_final(result, checkpoint, rank, world, fingerprint, all_hashes)
         return result
+
+    def fingerprint(self) -> str:
+        """What a checkpoint must have been written with to be resumed: the names and classes
+        of the methods and references, and the comparison settings."""
+        described = {
+            kind: {name: _describe(method) for name, method in mapping.items()}
+            for kind, mapping in (("methods", self.methods), ("references", self.references))
+        }
+        described.update(exclude_special_tokens=self.exclude_special_tokens, target=self.target)
+        return json.dumps(described, sort_keys=True)
 
     def evaluate_batch(self, batch: Mapping[str, Any], example_ids: Any = None) -> ComparisonResult:
         """Run every method and reference on one batch and compare them.
@@ -176,8 +212,10 @@ class Evaluator:
             ([40, 41], ['raw', 'rollout'], 12)
         """
         batch = self._prepare(batch)
-        attributions = {name: self._attribute(name, method, batch) for name, method in self.methods.items()}
-        references = {name: self._attribute(name, method, batch) for name, method in self.references.items()}
+        # The model runs in eval mode for every method, alone, and comes back as it was.
+        with model_call(self.model):
+            attributions = {name: self._attribute(name, method, batch) for name, method in self.methods.items()}
+            references = {name: self._attribute(name, method, batch) for name, method in self.references.items()}
         exclude = batch.get("special_tokens_mask") if self.exclude_special_tokens else None
         return compare(attributions, references, mask=batch["attention_mask"], exclude=exclude, example_ids=example_ids)
 
@@ -293,16 +331,104 @@ def _checkpoint_path(checkpoint: str | Path) -> Path:
     return path
 
 
-def _load_checkpoint(checkpoint: str | Path) -> ComparisonResult:
+def _empty_result() -> ComparisonResult:
+    return ComparisonResult(np.zeros(0, np.int64))
+
+
+def _describe(method: Any) -> str:
+    kind = method if inspect.isclass(method) else type(method)
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _example_hashes(batch: Mapping[str, Any]) -> list[int]:
+    """A 63-bit hash of each example's real token ids: what identifies an example across runs."""
+    ids = batch["input_ids"].detach().cpu().long()
+    mask = batch.get("attention_mask")
+    mask = torch.ones_like(ids, dtype=torch.bool) if mask is None else torch.as_tensor(mask).cpu().bool()
+    return [
+        int.from_bytes(hashlib.blake2b(row[keep].numpy().tobytes(), digest_size=8).digest(), "little") >> 1
+        for row, keep in zip(ids, mask)
+    ]
+
+
+def _check_same_examples(checkpoint: Any, ids: np.ndarray, batch_hashes: list[int], hashes: dict[int, int]) -> None:
+    for example, value in zip(ids.tolist(), batch_hashes):
+        if hashes.get(example, value) != value:
+            raise ValueError(
+                f"checkpoint {checkpoint} was written for other data: example {example} has other tokens now. "
+                "Delete the checkpoint (and its .part*.npz files) to start afresh, or pass another checkpoint path."
+            )
+
+
+def _write_checkpoint(result: ComparisonResult, path: Path, fingerprint: str, hashes: dict[int, int]) -> None:
+    """Write ``result`` to ``path`` atomically: a temporary file in the same folder, then a rename,
+    so a crash mid-write leaves the previous file intact."""
+    keys = list(result.scores)
+    arrays = {f"score_{index}": result.scores[key] for index, key in enumerate(keys)}
+    example_hashes = np.array([hashes.get(example, -1) for example in result.example_ids.tolist()], dtype=np.int64)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(temporary, "wb") as file:
+            np.savez(
+                file,
+                format=np.array(CHECKPOINT_FORMAT),
+                fingerprint=np.array(fingerprint),
+                example_hashes=example_hashes,
+                example_ids=result.example_ids,
+                keys=np.array(json.dumps(keys)),
+                **arrays,
+            )
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def _read_checkpoint(path: Path, fingerprint: str) -> tuple[ComparisonResult, dict[int, int]]:
+    fix = "delete it to start afresh, or pass another checkpoint path."
+    try:
+        with np.load(path) as data:
+            if "format" not in data.files or str(data["format"]) != CHECKPOINT_FORMAT:
+                raise ValueError(f"checkpoint {path} was not written by an Evaluator; {fix}")
+            if str(data["fingerprint"]) != fingerprint:
+                raise ValueError(
+                    f"checkpoint {path} was written by an Evaluator with other methods or settings "
+                    f"({data['fingerprint']}); {fix}"
+                )
+            keys = [tuple(key) for key in json.loads(str(data["keys"]))]
+            result = ComparisonResult(data["example_ids"], {key: data[f"score_{i}"] for i, key in enumerate(keys)})
+            hashes = dict(zip(data["example_ids"].tolist(), data["example_hashes"].tolist()))
+    except (OSError, EOFError, KeyError, zipfile.BadZipFile, json.JSONDecodeError) as error:
+        raise ValueError(f"checkpoint {path} is corrupt or truncated ({type(error).__name__}: {error}); {fix}") from error
+    return result, hashes
+
+
+def _load_checkpoint(checkpoint: str | Path, fingerprint: str) -> tuple[ComparisonResult, dict[int, int]]:
     path = _checkpoint_path(checkpoint)
-    files = ([path] if path.exists() else []) + sorted(path.parent.glob(f"{path.stem}.part*.npz"))
-    return ComparisonResult.merge(ComparisonResult.load(file) for file in files)
+    # glob.escape: a name like "run[1]" is a file name, not a pattern.
+    parts = sorted(path.parent.glob(f"{glob.escape(path.stem)}.part*.npz"))
+    files = ([path] if path.exists() else []) + parts
+    results, hashes = [], {}
+    for file in files:
+        result, file_hashes = _read_checkpoint(file, fingerprint)
+        results.append(result)
+        hashes.update(file_hashes)
+    return ComparisonResult.merge(results), hashes
 
 
-def _save_final(result: ComparisonResult, checkpoint: str | Path, rank: int, world: int) -> None:
+def _gather_hashes(hashes: dict[int, int]) -> dict[int, int]:
+    from accelerate.utils import gather_object
+
+    merged: dict[int, int] = {}
+    for part in gather_object([hashes]):
+        merged.update(part)
+    return merged
+
+
+def _save_final(
+    result: ComparisonResult, checkpoint: str | Path, rank: int, world: int, fingerprint: str, hashes: dict[int, int]
+) -> None:
     if rank == 0:
-        path = _checkpoint_path(checkpoint)
-        result.save(path)
+        _write_checkpoint(result, _checkpoint_path(checkpoint), fingerprint, hashes)
     if world > 1:
         from accelerate import PartialState
 

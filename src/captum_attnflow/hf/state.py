@@ -58,9 +58,10 @@ def eager_attention(module: nn.Module) -> Iterator[None]:
 def implementation(module: nn.Module, name: str) -> Iterator[None]:
     """Every Hugging Face model inside ``module`` uses the attention implementation ``name``
     (a built-in one or one registered with ``transformers.AttentionInterface``); restored on exit."""
-    found = configs(hf_models(module))
-    saved = {key: config._attn_implementation for key, config in found.items()}
     with exclusive(module):
+        # Read under the lock: another thread's call may have switched the model a moment ago.
+        found = configs(hf_models(module))
+        saved = {key: config._attn_implementation for key, config in found.items()}
         try:
             for model in outermost(hf_models(module)):
                 if model.config._attn_implementation != name:

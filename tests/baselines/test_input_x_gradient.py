@@ -1,9 +1,8 @@
 
 import torch
 
-from _classifier import make_classifier, model_state, padded_batch
 from captum_attnflow.baselines import TokenInputXGradient
-from test_baselines_saliency import embedding_gradients
+from helpers import embedding_gradients, make_classifier, model_state, padded_batch
 
 
 def test_input_x_gradient_equals_embedding_times_autograd_gradient():

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from _classifier import make_classifier, model_state, padded_batch
+from helpers import make_classifier, model_state, padded_batch
 from captum_attnflow.baselines import TokenIntegratedGradients
 
 

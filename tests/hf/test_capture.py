@@ -4,9 +4,9 @@ import torch
 import transformers
 from torch import nn
 
-from _classifier import FirstTokenClassifier, model_state
+from helpers import FirstTokenClassifier, model_state
 from captum_attnflow import eager_attention, extract_attentions
-from conftest import make_tiny_model
+from helpers import make_tiny_model
 
 IDS = torch.tensor([[5, 9, 13, 22, 7, 30], [6, 8, 10, 11, 12, 14]])
 

@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from _classifier import model_state
+from helpers import model_state
 from captum_attnflow import RawAttention
-from conftest import make_tiny_model
+from helpers import make_tiny_model
 
 IDS = torch.tensor([[5, 9, 13, 22, 7, 30], [6, 8, 10, 11, 12, 14]])
 

@@ -3,10 +3,10 @@ import copy
 import pytest
 import torch
 
-from _classifier import FirstTokenClassifier, model_state
+from helpers import FirstTokenClassifier, model_state
 from captum_attnflow import AttentionRollout
 from captum_attnflow.functional import rollout
-from conftest import CAUSAL, make_tiny_model
+from helpers import CAUSAL, make_tiny_model
 
 IDS = torch.tensor([[5, 9, 13, 22, 7, 30], [6, 8, 10, 11, 12, 14]])
 PAD_ID = {"bert": 0, "distilbert": 0, "roberta": 1, "gpt2": 0, "llama": 0}

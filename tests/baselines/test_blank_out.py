@@ -3,7 +3,7 @@ import types
 import pytest
 import torch
 
-from _classifier import UNK, FirstTokenClassifier, make_classifier, model_state, padded_batch
+from helpers import UNK, FirstTokenClassifier, make_classifier, model_state, padded_batch
 from captum_attnflow.baselines import BlankOut
 
 

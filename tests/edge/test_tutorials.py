@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-TUTORIALS = Path(__file__).resolve().parent.parent / "tutorials"
+TUTORIALS = Path(__file__).resolve().parents[2] / "tutorials"
 NOTEBOOKS = [
     "01_quickstart.ipynb",
     "02_comparing_methods.ipynb",

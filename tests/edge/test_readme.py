@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 # Each Python block, with the text block that follows it (the output shown), if any.
 BLOCKS = re.findall(r"```python\n(.*?)```\s*(?:```text\n(.*?)```)?", README.read_text(), flags=re.DOTALL)
 

@@ -2,17 +2,8 @@
 import pytest
 import torch
 
-from _classifier import FirstTokenClassifier, make_classifier, model_state, padded_batch
+from helpers import FirstTokenClassifier, embedding_gradients, make_classifier, model_state, padded_batch
 from captum_attnflow.baselines import TokenSaliency
-
-
-def embedding_gradients(model, ids, mask, target, probabilities=False):
-    """Gradient of the target's score with respect to the word embeddings, by plain autograd."""
-    embeddings = model.get_input_embeddings()(ids).detach().requires_grad_()
-    logits = model(inputs_embeds=embeddings, attention_mask=mask).logits
-    scores = torch.softmax(logits, -1) if probabilities else logits
-    scores.gather(1, target[:, None]).sum().backward()
-    return embeddings, embeddings.grad
 
 
 @pytest.mark.parametrize("probabilities", [False, True])

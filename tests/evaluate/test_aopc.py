@@ -4,7 +4,7 @@ from fractions import Fraction
 import pytest
 import torch
 
-from _classifier import FirstTokenClassifier, make_classifier, model_state, padded_batch
+from helpers import FirstTokenClassifier, make_classifier, model_state, padded_batch
 from captum_attnflow.baselines import BlankOut
 from captum_attnflow.evaluate import aopc_comprehensiveness, aopc_sufficiency
 

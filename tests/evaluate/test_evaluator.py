@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from _classifier import UNK, make_classifier, model_state, padded_batch
-from _evaluate_distributed import make_batches, make_evaluator
+from helpers import UNK, make_classifier, model_state, padded_batch
+from helpers import make_batches, make_evaluator
 from captum_attnflow import AttentionFlow, AttentionRollout, RawAttention
 from captum_attnflow.baselines import BlankOut, TokenSaliency
 from captum_attnflow.evaluate import ComparisonResult, Evaluator, compare

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from captum_attnflow.extraction import extract_attentions
 from captum_attnflow.functional import attention_graph, flow, rollout_rows
 from captum_attnflow.functional._maxflow import _WORK_PER_THREAD, EPS, max_flows
-from conftest import make_tiny_model
+from helpers import make_tiny_model
 
 
 def networkx_flow(graph: np.ndarray, source: int, sink: int) -> float:

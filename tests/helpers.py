@@ -1,0 +1,143 @@
+"""Shared test helpers (not a test module): tiny randomly initialised transformers built from
+configs (no downloads), tiny classifiers and padded batches, and the evaluator set-up shared by the
+evaluator tests and their ``accelerate launch`` script. ``pytest``'s ``pythonpath`` puts this folder
+on the import path."""
+
+from __future__ import annotations
+
+import torch
+import transformers
+from torch import nn
+
+from captum_attnflow import AttentionRollout, RawAttention
+from captum_attnflow.baselines import BlankOut, TokenSaliency
+from captum_attnflow.evaluate import Evaluator
+
+TINY = dict(vocab_size=60, hidden_size=32, num_attention_heads=4, intermediate_size=64)
+
+CONFIGS = {
+    "bert": lambda: transformers.BertConfig(num_hidden_layers=3, max_position_embeddings=64, **TINY),
+    "distilbert": lambda: transformers.DistilBertConfig(
+        vocab_size=60, dim=32, n_heads=4, hidden_dim=64, n_layers=3, max_position_embeddings=64
+    ),
+    "roberta": lambda: transformers.RobertaConfig(
+        num_hidden_layers=3, max_position_embeddings=70, pad_token_id=1, **TINY
+    ),
+    "gpt2": lambda: transformers.GPT2Config(
+        vocab_size=60, n_embd=32, n_head=4, n_layer=3, n_positions=64, bos_token_id=0, eos_token_id=0
+    ),
+    # a modern decoder: rotary positions, grouped-query attention (4 query heads share 2 key heads)
+    "llama": lambda: transformers.LlamaConfig(
+        num_hidden_layers=3, num_key_value_heads=2, max_position_embeddings=64, bos_token_id=0, eos_token_id=0,
+        pad_token_id=0, **TINY
+    ),
+}
+
+MODEL_CLASSES = {
+    "bert": transformers.BertModel,
+    "distilbert": transformers.DistilBertModel,
+    "roberta": transformers.RobertaModel,
+    "gpt2": transformers.GPT2Model,
+    "llama": transformers.LlamaModel,
+}
+
+# Decoders: a position sees only the tokens up to it, so the last token is the one to explain.
+CAUSAL = {"gpt2", "llama"}
+
+
+def make_tiny_model(arch: str, attn_implementation: str | None = None, seed: int = 0) -> torch.nn.Module:
+    """A tiny random ``arch`` model in eval mode, loaded like ``from_pretrained`` would (sdpa by default)."""
+    torch.manual_seed(seed)
+    config = CONFIGS[arch]()
+    if attn_implementation is not None:
+        config._attn_implementation = attn_implementation
+    return MODEL_CLASSES[arch](config).eval()
+
+UNK = 3
+
+
+def make_classifier(seed: int = 0, num_labels: int = 3, layers: int = 3) -> nn.Module:
+    """A tiny random BertForSequenceClassification (vocab 60, pad id 0) in eval mode, sdpa attention.
+
+    Weights are drawn 10x wider than BERT's default (initializer_range 0.2): with 0.02 the
+    class probabilities barely move when tokens change (drops ~1e-6, float32 noise level),
+    which would let wrong deletions or blank-outs pass the comparisons."""
+    torch.manual_seed(seed)
+    config = transformers.BertConfig(
+        vocab_size=60, hidden_size=32, num_attention_heads=4, intermediate_size=64, num_hidden_layers=layers,
+        max_position_embeddings=64, num_labels=num_labels, pad_token_id=0, initializer_range=0.2,
+    )
+    return transformers.BertForSequenceClassification(config).eval()
+
+
+class FirstTokenClassifier(nn.Module):
+    """A plain nn.Module around a tiny base model: a linear head on the first token's hidden state."""
+
+    def __init__(self, arch: str, num_labels: int = 2) -> None:
+        super().__init__()
+        self.encoder = make_tiny_model(arch)
+        torch.manual_seed(1)
+        self.head = nn.Linear(32, num_labels)
+
+    def forward(self, input_ids, attention_mask=None):
+        hidden = self.encoder(input_ids, attention_mask=attention_mask).last_hidden_state
+        return self.head(hidden[:, 0])
+
+
+def padded_batch(seed: int = 0, batch: int = 4, n: int = 9) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random token ids (5..59) with right padding (id 0) of different lengths, and the attention mask."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, 60, (batch, n), generator=generator)
+    lengths = torch.randint(3, n + 1, (batch,), generator=generator)
+    lengths[0] = n
+    mask = (torch.arange(n)[None] < lengths[:, None]).long()
+    return ids * mask, mask
+
+
+def model_state(model: nn.Module) -> tuple:
+    """Everything a baseline must leave as it was: mode, requires_grad, hooks, attention implementation."""
+    return (
+        [m.training for m in model.modules()],
+        [p.requires_grad for p in model.parameters()],
+        sum(len(m._forward_hooks) + len(m._forward_pre_hooks) + len(m._backward_hooks) for m in model.modules()),
+        [getattr(getattr(m, "config", None), "_attn_implementation", None) for m in model.modules()],
+        [p.grad is None for p in model.parameters()],
+    )
+
+
+def embedding_gradients(model, ids, mask, target, probabilities=False):
+    """Gradient of the target's score with respect to the word embeddings, by plain autograd."""
+    embeddings = model.get_input_embeddings()(ids).detach().requires_grad_()
+    logits = model(inputs_embeds=embeddings, attention_mask=mask).logits
+    scores = torch.softmax(logits, -1) if probabilities else logits
+    scores.gather(1, target[:, None]).sum().backward()
+    return embeddings, embeddings.grad
+
+
+NUM_BATCHES = 5
+
+
+def make_batches(num_batches: int = NUM_BATCHES) -> list[dict]:
+    """Right-padded batches of 4 examples with labels, each batch padded differently."""
+    batches = []
+    for seed in range(num_batches):
+        ids, mask = padded_batch(seed=seed)
+        labels = torch.randint(0, 3, (ids.shape[0],), generator=torch.Generator().manual_seed(100 + seed))
+        batches.append({"input_ids": ids, "attention_mask": mask, "labels": labels})
+    return batches
+
+
+def make_evaluator(model: torch.nn.Module, calls: list) -> Evaluator:
+    """Raw attention and rollout per layer, and a position baseline (a callable that counts its calls),
+    against blank-out and input gradients."""
+
+    def first_tokens_first(batch: dict) -> torch.Tensor:
+        calls.append(batch["input_ids"].shape[0])
+        return -torch.arange(batch["input_ids"].shape[1], dtype=torch.float32).expand(batch["input_ids"].shape)
+
+    return Evaluator(
+        model,
+        {"raw": RawAttention, "rollout": AttentionRollout(model), "position": first_tokens_first},
+        {"blank-out": BlankOut(model, token=UNK), "grad": TokenSaliency(model)},
+        show_progress=False,
+    )
