@@ -386,18 +386,22 @@ def _write_checkpoint(result: ComparisonResult, path: Path, fingerprint: str, ha
 def _read_checkpoint(path: Path, fingerprint: str) -> tuple[ComparisonResult, dict[int, int]]:
     fix = "delete it to start afresh, or pass another checkpoint path."
     try:
-        with np.load(path) as data:
-            if "format" not in data.files or str(data["format"]) != CHECKPOINT_FORMAT:
-                raise ValueError(f"checkpoint {path} was not written by an Evaluator; {fix}")
-            if str(data["fingerprint"]) != fingerprint:
-                raise ValueError(
-                    f"checkpoint {path} was written by an Evaluator with other methods or settings "
-                    f"({data['fingerprint']}); {fix}"
-                )
-            keys = [tuple(key) for key in json.loads(str(data["keys"]))]
-            result = ComparisonResult(data["example_ids"], {key: data[f"score_{i}"] for i, key in enumerate(keys)})
-            hashes = dict(zip(data["example_ids"].tolist(), data["example_hashes"].tolist()))
-    except (OSError, EOFError, KeyError, zipfile.BadZipFile, json.JSONDecodeError) as error:
+        with np.load(path, allow_pickle=False) as data:
+            contents = {name: data[name] for name in data.files}
+    except (OSError, EOFError, ValueError, zipfile.BadZipFile) as error:  # numpy says ValueError for non-npz
+        raise ValueError(f"checkpoint {path} is corrupt or truncated ({type(error).__name__}: {error}); {fix}") from error
+    if "format" not in contents or str(contents["format"]) != CHECKPOINT_FORMAT:
+        raise ValueError(f"checkpoint {path} was not written by an Evaluator; {fix}")
+    if str(contents["fingerprint"]) != fingerprint:
+        raise ValueError(
+            f"checkpoint {path} was written by an Evaluator with other methods or settings "
+            f"({contents['fingerprint']}); {fix}"
+        )
+    try:
+        keys = [tuple(key) for key in json.loads(str(contents["keys"]))]
+        result = ComparisonResult(contents["example_ids"], {key: contents[f"score_{i}"] for i, key in enumerate(keys)})
+        hashes = dict(zip(contents["example_ids"].tolist(), contents["example_hashes"].tolist()))
+    except (KeyError, ValueError) as error:  # json.JSONDecodeError is a ValueError
         raise ValueError(f"checkpoint {path} is corrupt or truncated ({type(error).__name__}: {error}); {fix}") from error
     return result, hashes
 
