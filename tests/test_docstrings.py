@@ -8,7 +8,7 @@ import pytest
 
 import captum_attnflow
 
-from captum_attnflow._docstrings import fill_docstring
+from captum_attnflow.docstrings import fill_docstring
 from captum_attnflow.attr import AttentionFlow, AttentionRollout, RawAttention
 from captum_attnflow.baselines import BlankOut, TokenInputXGradient, TokenIntegratedGradients, TokenSaliency
 from captum_attnflow.evaluate import aopc_comprehensiveness, aopc_sufficiency

@@ -197,7 +197,7 @@ def test_bad_arguments_get_clear_errors(call, error, match):
         (tuple(softmax_attentions(2, 2, 3, 6, 6) - 0.5), "must be nonnegative"),
         (tuple(softmax_attentions(2, 2, 3, 6, 6) * 2), "must sum to 1"),
         (tuple(softmax_attentions(2, 2, 3, 6, 6).index_fill(-1, torch.tensor([1]), float("nan"))), "NaN"),
-        (tuple(softmax_attentions(2, 2, 3, 5, 5)), r"attentions of shape \(2, 3, 5, 5\) for inputs of shape \(2, 6\)"),
+        (tuple(softmax_attentions(2, 2, 3, 5, 5)), r"attentions over 5 tokens for 2 examples but inputs have shape \(2, 6\)"),
         (tuple(softmax_attentions(2, 3, 3, 6, 6)), r"expected one \(B, H, n, n\) = \(2, H, 6, 6\)"),
         ((softmax_attentions(2, 3, 6, 6), softmax_attentions(2, 3, 5, 5)), "same shape"),
     ],

@@ -7,17 +7,24 @@ from typing import Any, Callable
 from captum.attr import Attribution
 from torch import Tensor
 
-from captum_attnflow._docstrings import fill_docstring
-from captum_attnflow.functional import AttentionGraph, attention_graph
+from captum_attnflow.docstrings import fill_docstring
+from captum_attnflow.functional import AttentionGraph
 from captum_attnflow.functional.checks import POSITION_DOC, as_mask
-from captum_attnflow.hf import check_token_ids, extract_attentions, unpack_inputs, warn_unmasked_padding
+from captum_attnflow.hf import capture_graph, check_token_ids, unpack_inputs, warn_unmasked_padding
 
 _CONSTRUCTOR_DOC = """Args:
         forward_func: a Hugging Face model, an ``nn.Module`` wrapping one, or a callable
             ``forward_func(inputs, *additional_forward_args)`` returning attentions
             (see :func:`captum_attnflow.extraction.extract_attentions`). The model is left
-            as it was: eager attention, eval mode and hooks only for the duration of a call,
-            and calls from several threads on one model run one at a time."""
+            as it was: attention implementation, eval mode and hooks change only for the
+            duration of a call, and calls from several threads on one model run one at a time.
+        lean: how attention is captured. None (default): layer by layer, each layer reduced
+            to its head-fused (B, n, n) matrix during the forward while the model keeps its own
+            attention implementation, for the model types where that applies
+            (:data:`captum_attnflow.hf.lean.LEAN_MODEL_TYPES`: BERT, RoBERTa, DistilBERT,
+            GPT-2, Llama-style, ViT, ...; not for ``head=`` results), else eager attention with
+            every layer's maps stored. True requires the lean path, False always stores the maps.
+            Both give the same results to 1e-6; the lean path needs H times less memory."""
 
 # Fills ``{init}`` in a class docstring with the constructor's arguments.
 with_constructor_args = fill_docstring(init=_CONSTRUCTOR_DOC)
@@ -30,8 +37,9 @@ class AttentionAttribution(Attribution):
     {init}
     """
 
-    def __init__(self, forward_func: Callable[..., Any]) -> None:
+    def __init__(self, forward_func: Callable[..., Any], lean: bool | None = None) -> None:
         super().__init__(forward_func)
+        self.lean = lean
 
     def has_convergence_delta(self) -> bool:
         """False: these methods compute no convergence delta (Captum's interface)."""
@@ -70,17 +78,19 @@ class AttentionAttribution(Attribution):
             # Checked before the forward pass: a mask of 2s or 0.5s would change what the model computes.
             as_mask(attention_mask, inputs.shape[0], inputs.shape[1], inputs.device)
             warn_unmasked_padding(self.forward_func, inputs, attention_mask)
-        attentions = extract_attentions(self.forward_func, inputs, additional_forward_args, attention_mask)
-        first = attentions[0]
+        graph = capture_graph(
+            self.forward_func, inputs, additional_forward_args, attention_mask, residual_alpha, head_fusion,
+            keep_heads, self.lean,
+        )
         batch = inputs.shape[0]
-        n = first.shape[-1] if images else inputs.shape[1]
-        if first.dim() != 4 or first.shape[0] != batch or tuple(first.shape[-2:]) != (n, n):
+        n = graph.weights.shape[-1] if images else inputs.shape[1]
+        if tuple(graph.weights.shape[1:]) != (batch, n, n):
             raise ValueError(
-                f"forward_func returned attentions of shape {tuple(first.shape)} for inputs of shape "
-                f"{tuple(inputs.shape)}; expected one (B, H, n, n) = ({batch}, H, {n}, {n}) tensor per layer, "
-                "row = query, as transformers returns for output_attentions=True."
+                f"forward_func returned attentions over {graph.weights.shape[-1]} tokens for {graph.weights.shape[1]} "
+                f"examples but inputs have shape {tuple(inputs.shape)}; expected one (B, H, n, n) = "
+                f"({batch}, H, {n}, {n}) tensor per layer, row = query, as transformers returns for output_attentions=True."
             )
-        return attention_graph(attentions, residual_alpha, head_fusion, attention_mask, keep_heads), inputs
+        return graph, inputs
 
 
 _ATTRIBUTE_ARGS_DOC = """

@@ -13,7 +13,7 @@ from typing import Any, Callable
 from captum.attr import GradientAttribution, LayerGradientXActivation
 from torch import Tensor, nn
 
-from captum_attnflow._docstrings import fill_docstring
+from captum_attnflow.docstrings import fill_docstring
 from captum_attnflow.hf import ScoreForward, input_embeddings, model_call
 
 

@@ -8,7 +8,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor
 
-from captum_attnflow._docstrings import fill_docstring
+from captum_attnflow.docstrings import fill_docstring
 from captum_attnflow.hf import ScoreForward, model_call
 
 ERASER_FRACTIONS = (0.01, 0.05, 0.1, 0.2, 0.5)

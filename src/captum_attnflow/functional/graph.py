@@ -136,6 +136,39 @@ class AttentionGraph:
         """L, the number of layers."""
         return self.weights.shape[0]
 
+    @classmethod
+    def from_fused(
+        cls, fused: Tensor, residual_alpha: float = 0.5, head_fusion: str = "mean", attention_mask: Tensor | None = None
+    ) -> "AttentionGraph":
+        """The graph of head-fused attention probabilities (L, B, n, n), e.g. collected layer by
+        layer during a forward pass; mixed with the residual in place (``fused`` becomes the
+        graph's ``weights``, no copy). Rows are trusted to be fused probability rows.
+
+        Example::
+
+            >>> import torch
+            >>> from captum_attnflow.functional import AttentionGraph, attention_graph
+            >>> attentions = torch.softmax(torch.randn(2, 1, 4, 5, 5), -1)  # (L, B, H, n, n)
+            >>> graph = AttentionGraph.from_fused(attentions.mean(2))
+            >>> torch.allclose(graph.weights, attention_graph(attentions).weights)
+            True
+        """
+        check_head_fusion(head_fusion)
+        check_residual_alpha(residual_alpha)
+        if fused.dim() != 4 or fused.shape[-1] != fused.shape[-2]:
+            raise ValueError(f"fused attentions must be (L, B, n, n), got {tuple(fused.shape)}.")
+        mask = as_mask(attention_mask, fused.shape[1], fused.shape[2], fused.device)
+        keep = None if mask.all() else mask[:, :, None] & mask[:, None, :]
+        for layer in fused:  # in place, one layer at a time: no second (L, B, n, n) tensor
+            if keep is not None:
+                layer.mul_(keep)
+            layer.mul_(float(residual_alpha)).diagonal(dim1=-2, dim2=-1).add_(1.0 - float(residual_alpha))
+            sums = layer.sum(-1, keepdim=True)
+            layer.div_(torch.where(sums > 0, sums, torch.ones_like(sums)))
+            if keep is not None:
+                layer.mul_(keep)
+        return cls(fused, mask, float(residual_alpha), head_fusion)
+
     @property
     def is_causal(self) -> bool:
         """Whether every real token attends only to itself and earlier tokens, in every layer

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from captum_attnflow._docstrings import fill_docstring
+from captum_attnflow.docstrings import fill_docstring
 from captum_attnflow.functional.checks import (
     POSITION_DOC,
     Attentions,

@@ -24,7 +24,7 @@ import torch
 from numba import njit
 from torch import Tensor
 
-from captum_attnflow._docstrings import fill_docstring
+from captum_attnflow.docstrings import fill_docstring
 from captum_attnflow.functional.checks import (
     POSITION_DOC,
     Attentions,

@@ -6,7 +6,7 @@ hooks; one call at a time per model). The other packages use the names exported 
 this package's modules directly.
 """
 
-from captum_attnflow.hf.capture import attentions_of, extract_attentions
+from captum_attnflow.hf.capture import attentions_of, capture_graph, extract_attentions
 from captum_attnflow.hf.inputs import (
     as_tuple,
     check_mask_not_in_args,
@@ -22,6 +22,7 @@ __all__ = [
     "ScoreForward",
     "as_tuple",
     "attentions_of",
+    "capture_graph",
     "check_device",
     "check_mask_not_in_args",
     "check_token_ids",

@@ -9,7 +9,9 @@ import torch
 from torch import Tensor, nn
 from transformers import PreTrainedModel
 
+from captum_attnflow.functional import AttentionGraph, attention_graph
 from captum_attnflow.hf.inputs import as_tuple, check_mask_not_in_args, real_tokens_first, reorder_tokens
+from captum_attnflow.hf.lean import lean_capture, supports_lean
 from captum_attnflow.hf.models import check_device, encoder_of, hf_models, outermost, owning_module
 from captum_attnflow.hf.state import eager_attention, exclusive, unchanged
 
@@ -86,6 +88,90 @@ def extract_attentions(
             with unchanged(module):
                 return _captured_attentions(module, lambda: forward_func(inputs, *args), attention_mask)
         return attentions_of(forward_func(inputs, *args))
+
+
+def capture_graph(
+    forward_func: Callable[..., Any],
+    inputs: Tensor,
+    additional_forward_args: Any = None,
+    attention_mask: Tensor | None = None,
+    residual_alpha: float = 0.5,
+    head_fusion: str = "mean",
+    keep_heads: bool = False,
+    lean: bool | None = None,
+) -> AttentionGraph:
+    """Run ``forward_func`` once and return its checked :class:`~captum_attnflow.functional.AttentionGraph`.
+
+    With the lean path (``lean=None``, the default, uses it where it applies: a Hugging Face
+    model of a type in :data:`captum_attnflow.hf.lean.LEAN_MODEL_TYPES`, fused heads) each
+    layer's attention is reduced to its head-fused (B, n, n) matrix during the forward, which
+    keeps running with the model's own attention implementation, and the per-head maps are
+    never stored (:mod:`captum_attnflow.hf.lean`). Otherwise the model runs with eager
+    attention and returns its maps (:func:`extract_attentions`). Both give the same graph up
+    to float rounding (1e-6).
+
+    Args:
+        forward_func, inputs, additional_forward_args, attention_mask: as in :func:`extract_attentions`.
+        residual_alpha, head_fusion, keep_heads: as in :func:`~captum_attnflow.functional.attention_graph`.
+        lean: True to require the lean path (an error where it does not apply), False for the
+            stored maps, None for the lean path where it applies.
+
+    Returns:
+        AttentionGraph: weights (L, B, n, n) and mask (B, n).
+
+    Example::
+
+        >>> import torch
+        >>> from transformers import BertConfig, BertModel
+        >>> from captum_attnflow.hf import capture_graph
+        >>> model = BertModel(BertConfig(num_hidden_layers=2, hidden_size=32,
+        ...     num_attention_heads=2, intermediate_size=64)).eval()
+        >>> ids = torch.tensor([[101, 7592, 2088, 102]])
+        >>> lean, stored = capture_graph(model, ids), capture_graph(model, ids, lean=False)
+        >>> lean.weights.shape, bool(torch.allclose(lean.weights, stored.weights, atol=1e-6))
+        (torch.Size([2, 1, 4, 4]), True)
+    """
+    applies = isinstance(forward_func, PreTrainedModel) and supports_lean(forward_func) and not keep_heads
+    if lean and not applies:
+        raise ValueError(
+            "the lean path applies to Hugging Face models of the types in captum_attnflow.hf.lean.LEAN_MODEL_TYPES "
+            "called directly, with fused heads; use lean=None or False here."
+        )
+    if lean is False or not applies:
+        attentions = extract_attentions(forward_func, inputs, additional_forward_args, attention_mask)
+        return attention_graph(attentions, residual_alpha, head_fusion, attention_mask, keep_heads)
+    fused = _lean_fused(forward_func, inputs, as_tuple(additional_forward_args), attention_mask, head_fusion)
+    if fused is None:  # the model did not run all its layers through the interface
+        attentions = extract_attentions(forward_func, inputs, additional_forward_args, attention_mask)
+        return attention_graph(attentions, residual_alpha, head_fusion, attention_mask, keep_heads)
+    return AttentionGraph.from_fused(fused, residual_alpha, head_fusion, attention_mask)
+
+
+def _lean_fused(
+    model: PreTrainedModel, inputs: Tensor, args: tuple, attention_mask: Tensor | None, head_fusion: str
+) -> Tensor | None:
+    """(L, B, n, n) head-fused attention collected during one forward, in the inputs' token order."""
+    check_device(model, inputs)
+    check_mask_not_in_args(model, args, attention_mask)
+    kwargs: dict[str, Any] = {}
+    order = None
+    if attention_mask is not None:
+        attention_mask = torch.as_tensor(attention_mask).to(inputs.device)
+        kwargs["attention_mask"] = attention_mask
+        order = real_tokens_first(attention_mask)
+    if order is not None:
+        inputs, kwargs["attention_mask"] = reorder_tokens(inputs, order), reorder_tokens(attention_mask, order)
+        args = tuple(_moved_with_tokens(arg, order) for arg in args)
+    with torch.no_grad(), unchanged(model), lean_capture(model, head_fusion) as capture:
+        model(inputs, *args, **kwargs)
+    if capture.fused is None or capture.count != capture.num_layers:
+        return None
+    fused = capture.fused
+    if order is not None:
+        back = order.argsort(dim=-1)
+        for layer in fused:  # one layer at a time: no second (L, B, n, n) tensor
+            layer.copy_(_maps_in_order(layer[:, None], back)[:, 0])
+    return fused
 
 
 def _model_attentions(

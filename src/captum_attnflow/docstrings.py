@@ -1,4 +1,4 @@
-"""Docstrings built from shared pieces, so arguments common to several methods are written once.
+"""Docstrings built from shared pieces, so arguments common to several methods are written once (used by every package).
 
 A piece is spliced in where the docstring says ``{name}``; the result is a plain ``__doc__``,
 so ``help()``, IDEs and doctest see the complete text.

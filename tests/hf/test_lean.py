@@ -1,0 +1,102 @@
+"""The lean path (attention reduced to its fused (B, n, n) matrix per layer during the forward)
+equals the stored-maps path, keeps the model's own outputs, and leaves the model as it was."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from captum_attnflow import AttentionFlow, AttentionRollout, RawAttention, load_agreement_model
+from captum_attnflow.hf import capture_graph
+from captum_attnflow.hf.lean import lean_capture
+from helpers import make_tiny_model, model_state, padded_batch
+
+LEAN_ARCHS = ["bert", "roberta", "distilbert", "gpt2", "llama"]
+
+
+def ids_and_mask(arch: str, side: str):
+    ids, mask = padded_batch(batch=3, n=9)
+    if side == "left":
+        ids, mask = ids.flip(-1), mask.flip(-1)
+    if side == "none":
+        mask = None
+    if arch == "roberta":  # RoBERTa's pad id is 1 and its positions count from it
+        ids = ids.clamp(min=2) if mask is None else torch.where(mask.bool(), ids.clamp(min=2), 1)
+    return ids, mask
+
+
+@pytest.mark.parametrize("arch", LEAN_ARCHS)
+@pytest.mark.parametrize("side", ["none", "right", "left"])
+@pytest.mark.parametrize("fusion", ["mean", "max", "min"])
+def test_lean_graph_equals_the_stored_maps_graph(arch, side, fusion):
+    model = make_tiny_model(arch)
+    ids, mask = ids_and_mask(arch, side)
+    lean = capture_graph(model, ids, attention_mask=mask, head_fusion=fusion, lean=True)
+    stored = capture_graph(model, ids, attention_mask=mask, head_fusion=fusion, lean=False)
+    torch.testing.assert_close(lean.weights, stored.weights, atol=1e-6, rtol=0)
+    assert torch.equal(lean.mask, stored.mask)
+
+
+@pytest.mark.parametrize("method", [RawAttention, AttentionRollout, AttentionFlow])
+def test_methods_agree_on_both_paths(method):
+    model = make_tiny_model("llama")  # rotary positions, grouped-query attention
+    ids, mask = ids_and_mask("llama", "left")
+    lean = method(model).attribute(ids, attention_mask=mask, layer=None)
+    stored = method(model, lean=False).attribute(ids, attention_mask=mask, layer=None)
+    torch.testing.assert_close(lean, stored, atol=1e-6, rtol=0)
+
+
+def test_bundled_model_and_vision_transformer_go_lean():
+    model, tokenizer = load_agreement_model()
+    batch = tokenizer(["the keys to the cabinet", "the key"], padding=True, return_tensors="pt")
+    lean = capture_graph(model, batch["input_ids"], attention_mask=batch["attention_mask"], lean=True)
+    stored = capture_graph(model, batch["input_ids"], attention_mask=batch["attention_mask"], lean=False)
+    torch.testing.assert_close(lean.weights, stored.weights, atol=1e-6, rtol=0)
+    torch.manual_seed(0)
+    vit = transformers.ViTModel(transformers.ViTConfig(
+        image_size=8, patch_size=4, num_channels=3, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=64)).eval()
+    pixels = torch.randn(2, 3, 8, 8)
+    torch.testing.assert_close(capture_graph(vit, pixels, lean=True).weights, capture_graph(vit, pixels, lean=False).weights,
+                               atol=1e-6, rtol=0)
+
+
+def test_the_model_computes_its_own_outputs_during_lean_capture():
+    model = make_tiny_model("gpt2")
+    ids, mask = ids_and_mask("gpt2", "right")
+    with torch.no_grad():
+        expected = model(ids, attention_mask=mask).last_hidden_state
+        with lean_capture(model) as capture:
+            during = model(ids, attention_mask=mask).last_hidden_state
+    torch.testing.assert_close(during, expected)
+    assert capture.count == 3 and capture.fused.shape == (3, 3, 9, 9)
+
+
+def test_model_unchanged_after_an_exception_inside_the_lean_forward():
+    model = make_tiny_model("bert")
+    model.train()
+    model.config.output_attentions = False
+    before = model_state(model), model.config._attn_implementation
+
+    def fail(*args):
+        raise RuntimeError("inside the forward")
+
+    failing = model.encoder.layer[1].register_forward_pre_hook(fail)
+    with pytest.raises(RuntimeError, match="inside the forward"):
+        AttentionRollout(model, lean=True).attribute(torch.tensor([[5, 6, 7]]))
+    failing.remove()
+    assert (model_state(model), model.config._attn_implementation) == before
+    assert model.training and model.config.output_attentions is False
+
+
+def test_lean_true_where_it_does_not_apply_is_an_error():
+    attentions = torch.softmax(torch.randn(2, 1, 2, 4, 4), -1)
+    with pytest.raises(ValueError, match="lean path applies"):
+        AttentionRollout(lambda ids: attentions, lean=True).attribute(torch.tensor([[1, 2, 3, 4]]))
+    # per-head results need every head's maps: the stored path serves them, also by default
+    model = make_tiny_model("bert")
+    torch.testing.assert_close(
+        AttentionRollout(model).attribute(torch.tensor([[5, 6, 7]]), head=1),
+        AttentionRollout(model, lean=False).attribute(torch.tensor([[5, 6, 7]]), head=1),
+    )
