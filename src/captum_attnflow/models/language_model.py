@@ -1,0 +1,261 @@
+"""The bundled agreement language model: a small GPT-2 that writes the verb after a subject phrase.
+
+The language-model variant of the verb-number task (Linzen et al. 2016, section 5): instead of
+classifying the number of the verb that follows ``the keys to the cabinet``, a causal language
+model trained on whole sentences continues it, and it agrees if it prefers ``are`` to ``is``.
+The sentences are the generator's (:func:`~captum_attnflow.data.generate_examples`) followed by
+the copula of the subject's number and a full stop: ``[CLS] the keys to the cabinet are .``
+(``[CLS]`` serves as the beginning-of-sequence token, ``.`` as the end of sequence).
+
+Train it with ``python -m captum_attnflow.models.language_model --out DIR``; the bundled
+checkpoint (``assets/agreement_lm/``) was made with the defaults, and its held-out results are
+in ``assets/agreement_lm/eval_results.json``. It is a plain :class:`~transformers.GPT2LMHeadModel`,
+so ``AutoModelForCausalLM.from_pretrained(DIR)`` loads it as well.
+
+Options: ``--steps`` (3000), ``--batch-size`` (64), ``--lr`` (2e-3), ``--warmup`` (200),
+``--eval-examples`` (2000), ``--seed`` (0), ``--eval-seed`` (1), ``--threads`` (1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+from transformers.utils import logging as transformers_logging
+
+from captum_attnflow.data import AgreementExample, build_tokenizer, generate_examples, vocabulary
+from captum_attnflow.data.agreement import PLURAL
+
+COPULAS = ("is", "are")  # index = the number: SINGULAR, PLURAL
+END = "."
+ASSET_DIR = Path(__file__).resolve().parent.parent / "assets" / "agreement_lm"
+
+
+def build_lm_tokenizer() -> PreTrainedTokenizerFast:
+    """The agreement tokenizer with the copulas and the full stop added, ``.`` as end of sequence.
+
+    Returns:
+        PreTrainedTokenizerFast: word-level, ``[CLS]`` prepended (the beginning of sequence),
+        ``[PAD]`` (id 0) for padding, ``eos_token`` ``"."``.
+
+    Example::
+
+        >>> tokenizer = build_lm_tokenizer()
+        >>> tokenizer.convert_ids_to_tokens(tokenizer("the keys are .")["input_ids"])
+        ['[CLS]', 'the', 'keys', 'are', '.']
+    """
+    tokenizer = build_tokenizer([*vocabulary(), *COPULAS, END])
+    tokenizer.eos_token = END
+    return tokenizer
+
+
+def lm_config(tokenizer: PreTrainedTokenizerFast) -> GPT2Config:
+    """The bundled model's sizes: 4 layers, 4 heads, hidden size 64, no dropout.
+
+    Example::
+
+        >>> config = lm_config(build_lm_tokenizer())
+        >>> config.n_layer, config.n_head, config.n_embd
+        (4, 4, 64)
+    """
+    return GPT2Config(
+        vocab_size=len(tokenizer),
+        n_positions=64,
+        n_embd=64,
+        n_layer=4,
+        n_head=4,
+        n_inner=256,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=tokenizer.cls_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+
+
+def lm_sentence(example: AgreementExample) -> list[str]:
+    """The training sentence of an example: its words, the agreeing copula, the full stop.
+
+    Example::
+
+        >>> example = AgreementExample(["the", "keys", "to", "the", "cabinet"], PLURAL, 1, (4,))
+        >>> " ".join(lm_sentence(example))
+        'the keys to the cabinet are .'
+    """
+    return [*example.words, COPULAS[example.label], END]
+
+
+def load_agreement_lm(directory: str | Path | None = None) -> tuple[GPT2LMHeadModel, PreTrainedTokenizerFast]:
+    """The bundled agreement language model (eval mode, CPU, sdpa attention) and its tokenizer.
+
+    Loads offline, without transformers' "Loading weights" progress bar.
+
+    Args:
+        directory: a checkpoint written by ``python -m captum_attnflow.models.language_model
+            --out DIR`` to load instead; None (default) loads the bundled one.
+
+    Returns:
+        tuple: ``(model, tokenizer)``, a :class:`~transformers.GPT2LMHeadModel` and the
+        tokenizer of :func:`build_lm_tokenizer`.
+
+    Raises:
+        FileNotFoundError: no model files where they should be.
+
+    Example::
+
+        >>> model, tokenizer = load_agreement_lm()
+        >>> ids = tokenizer("the keys to the cabinet", return_tensors="pt")["input_ids"]
+        >>> tokenizer.convert_ids_to_tokens(model(ids).logits[0, -1, [tokenizer.convert_tokens_to_ids(c)
+        ...     for c in COPULAS]].argmax().item() + tokenizer.convert_tokens_to_ids("is"))
+        'are'
+    """
+    path = ASSET_DIR if directory is None else Path(directory)
+    if not (path / "model.safetensors").is_file():
+        raise FileNotFoundError(
+            f"{path} holds no model.safetensors; reinstall captum-attnflow for the bundled language model, "
+            "or train one with `python -m captum_attnflow.models.language_model --out DIR`."
+        )
+    enabled = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.disable_progress_bar()
+    try:
+        model = GPT2LMHeadModel.from_pretrained(path, local_files_only=True).eval()
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
+    finally:
+        if enabled:
+            transformers_logging.enable_progress_bar()
+    return model, tokenizer
+
+
+def verb_number_accuracy(
+    model: GPT2LMHeadModel,
+    tokenizer: PreTrainedTokenizerFast,
+    examples: Sequence[AgreementExample],
+    batch_size: int = 256,
+) -> dict[str, float | int]:
+    """How often the model prefers the copula of the subject's number after each example's words.
+
+    The Linzen et al. (2016) language-model measure: after ``[CLS] + words``, is the logit of
+    the agreeing copula (``is`` / ``are``) above the other one?
+
+    Returns:
+        ``{"n", "accuracy", "n_with_attractors", "accuracy_with_attractors", "n_<k>_attractors",
+        "accuracy_<k>_attractors"}``.
+
+    Example::
+
+        >>> model, tokenizer = load_agreement_lm()
+        >>> verb_number_accuracy(model, tokenizer, generate_examples(64, seed=1, split="test"))["accuracy"] > 0.9
+        True
+    """
+    copulas = tokenizer.convert_tokens_to_ids(list(COPULAS))
+    correct: list[bool] = []
+    with torch.no_grad():
+        for start in range(0, len(examples), batch_size):
+            chunk = examples[start : start + batch_size]
+            batch = tokenizer([list(e.words) for e in chunk], is_split_into_words=True, padding=True, return_tensors="pt")
+            logits = model(**batch).logits
+            last = batch["attention_mask"].sum(1) - 1
+            scores = logits[torch.arange(len(chunk)), last][:, copulas]
+            correct += (scores.argmax(-1) == torch.tensor([e.label for e in chunk])).tolist()
+    counts = [e.num_attractors for e in examples]
+    results: dict[str, float | int] = {"n": len(examples), "accuracy": sum(correct) / len(correct)}
+    with_attractors = [c for c, k in zip(correct, counts) if k > 0]
+    if with_attractors:
+        results["n_with_attractors"] = len(with_attractors)
+        results["accuracy_with_attractors"] = sum(with_attractors) / len(with_attractors)
+    for k in sorted(set(counts)):
+        group = [c for c, count in zip(correct, counts) if count == k]
+        results[f"n_{k}_attractors"] = len(group)
+        results[f"accuracy_{k}_attractors"] = sum(group) / len(group)
+    return results
+
+
+def train(args: argparse.Namespace) -> dict:
+    """Train on ``steps * batch-size`` generated training sentences, evaluate, save to ``--out``.
+
+    Next-token cross-entropy on every real token (padding ignored), AdamW with linear warm-up
+    and decay. Writes the model (safetensors), the tokenizer and ``eval_results.json``
+    (:func:`verb_number_accuracy` on held-out examples, training time, settings).
+
+    Example::
+
+        >>> import tempfile
+        >>> threads = torch.get_num_threads()
+        >>> with tempfile.TemporaryDirectory() as out:  # two steps: a smoke run, not a model
+        ...     results = train(_parser().parse_args(["--out", out, "--steps", "2", "--batch-size", "4",
+        ...         "--warmup", "1", "--eval-examples", "8", "--threads", str(threads)]))
+        ...     model, _ = load_agreement_lm(out)
+        >>> results["n"], model.config.n_layer
+        (8, 4)
+    """
+    from transformers import get_linear_schedule_with_warmup
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    tokenizer = build_lm_tokenizer()
+    model = GPT2LMHeadModel(lm_config(tokenizer)).train()
+    model.set_attn_implementation("eager")  # the faster one on CPU for these short sequences
+    sentences = [lm_sentence(e) for e in generate_examples(args.steps * args.batch_size, seed=args.seed)]
+    held_out = generate_examples(args.eval_examples, seed=args.eval_seed, split="test")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+    schedule = get_linear_schedule_with_warmup(optimizer, args.warmup, args.steps)
+    started = time.perf_counter()
+    for step in range(args.steps):
+        chunk = sentences[step * args.batch_size : (step + 1) * args.batch_size]
+        batch = tokenizer(chunk, is_split_into_words=True, padding=True, return_tensors="pt")
+        labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+        loss = model(**batch, labels=labels).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad()
+    model.eval()
+    model.set_attn_implementation("sdpa")
+    results: dict = verb_number_accuracy(model, tokenizer, held_out)
+    results["train_minutes"] = (time.perf_counter() - started) / 60
+    results["settings"] = {key: value for key, value in vars(args).items() if key != "out"}
+    out = Path(args.out)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    (out / "eval_results.json").write_text(json.dumps(results, indent=2) + "\n")
+    return results
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m captum_attnflow.models.language_model",
+        description="Train the agreement language model on generated sentences and report the held-out "
+        "accuracy of the verb's number.",
+    )
+    parser.add_argument("--out", required=True, help="directory for the model, tokenizer and eval_results.json")
+    parser.add_argument("--steps", type=int, default=3000, help="optimizer steps (default 3000)")
+    parser.add_argument("--batch-size", type=int, default=64, help="sentences per step (default 64)")
+    parser.add_argument("--lr", type=float, default=2e-3, help="peak learning rate of AdamW (default 2e-3)")
+    parser.add_argument("--warmup", type=int, default=200, help="linear warm-up steps (default 200)")
+    parser.add_argument("--eval-examples", type=int, default=2000, help="held-out examples (default 2000)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the training data and init (default 0)")
+    parser.add_argument("--eval-seed", type=int, default=1, help="seed of the held-out split (default 1)")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """The training command: parse ``argv``, :func:`train`, print the held-out accuracy."""
+    results = train(_parser().parse_args(argv))
+    print(f"held-out verb-number accuracy: {results['accuracy']:.4f} (n={results['n']})")
+    for k in range(4):
+        if f"n_{k}_attractors" in results:
+            print(f"  {k} attractors: {results[f'accuracy_{k}_attractors']:.4f} (n={results[f'n_{k}_attractors']})")
+    print(f"training time: {results['train_minutes']:.1f} min")
+
+
+if __name__ == "__main__":
+    main()
