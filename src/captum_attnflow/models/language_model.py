@@ -13,7 +13,8 @@ in ``assets/agreement_lm/eval_results.json``. It is a plain :class:`~transformer
 so ``AutoModelForCausalLM.from_pretrained(DIR)`` loads it as well.
 
 Options: ``--steps`` (3000), ``--batch-size`` (64), ``--lr`` (2e-3), ``--warmup`` (200),
-``--eval-examples`` (2000), ``--seed`` (0), ``--eval-seed`` (1), ``--threads`` (1).
+``--eval-examples`` (2000), ``--rate-examples`` (1000), ``--seed`` (0), ``--eval-seed`` (1),
+``--threads`` (1).
 """
 
 from __future__ import annotations
@@ -111,9 +112,10 @@ def load_agreement_lm(directory: str | Path | None = None) -> tuple[GPT2LMHeadMo
 
         >>> model, tokenizer = load_agreement_lm()
         >>> ids = tokenizer("the keys to the cabinet", return_tensors="pt")["input_ids"]
-        >>> tokenizer.convert_ids_to_tokens(model(ids).logits[0, -1, [tokenizer.convert_tokens_to_ids(c)
-        ...     for c in COPULAS]].argmax().item() + tokenizer.convert_tokens_to_ids("is"))
-        'are'
+        >>> singular, plural = tokenizer.convert_tokens_to_ids(list(COPULAS))
+        >>> logits = model(ids).logits[0, -1]  # the next word after "cabinet"
+        >>> bool(logits[plural] > logits[singular])  # "are", agreeing with "keys"
+        True
     """
     path = ASSET_DIR if directory is None else Path(directory)
     if not (path / "model.safetensors").is_file():
@@ -176,12 +178,62 @@ def verb_number_accuracy(
     return results
 
 
+def subject_attractor_rates(
+    model: GPT2LMHeadModel,
+    tokenizer: PreTrainedTokenizerFast,
+    examples: Sequence[AgreementExample],
+    batch_size: int = 100,
+) -> dict[str, list[float]]:
+    """How often raw attention, rollout and flow put the subject above every attractor when the model writes the verb.
+
+    For each example with at least one attractor, the position that writes the verb (the
+    last word of the prompt ``[CLS] + words``) is explained after every layer with
+    :class:`~captum_attnflow.attr.llm.LLMAttentionAttribution` (target: the agreeing copula);
+    the subject counts as above when its score exceeds every attractor's by more than 1e-6
+    (ties do not count).
+
+    Returns:
+        ``{"raw": [rate after layer 1, ...], "rollout": [...], "flow": [...], "n": [count]}``.
+
+    Example::
+
+        >>> from captum_attnflow.data import generate_examples
+        >>> model, tokenizer = load_agreement_lm()
+        >>> rates = subject_attractor_rates(model, tokenizer, generate_examples(8, seed=1, split="test"))
+        >>> sorted(rates), len(rates["flow"]) == model.config.n_layer
+        (['flow', 'n', 'raw', 'rollout'], True)
+    """
+    from captum_attnflow.attr import AttentionFlow, AttentionRollout, RawAttention
+    from captum_attnflow.attr.llm import LLMAttentionAttribution
+
+    chosen = [e for e in examples if e.num_attractors > 0]
+    methods = {"raw": RawAttention(model), "rollout": AttentionRollout(model), "flow": AttentionFlow(model)}
+    above: dict[str, list[int]] = {name: [0] * model.config.n_layer for name in methods}
+    for start in range(0, len(chosen), batch_size):
+        chunk = chosen[start : start + batch_size]
+        prompts = [e.sentence for e in chunk]
+        targets = [COPULAS[e.label] for e in chunk]
+        for name, method in methods.items():
+            explainer = LLMAttentionAttribution(method, tokenizer)
+            for layer in range(model.config.n_layer):
+                results = explainer.attribute(prompts, target=targets, layer=layer + 1)
+                for example, result in zip(chunk, results):
+                    scores = result.token_attr[0]
+                    subject = scores[example.subject_index + 1]
+                    attractors = scores[[i + 1 for i in example.attractor_indices]]
+                    above[name][layer] += int(bool((subject > attractors + 1e-6).all()))
+    rates: dict[str, list[float]] = {name: [count / max(1, len(chosen)) for count in counts] for name, counts in above.items()}
+    rates["n"] = [len(chosen)]
+    return rates
+
+
 def train(args: argparse.Namespace) -> dict:
     """Train on ``steps * batch-size`` generated training sentences, evaluate, save to ``--out``.
 
     Next-token cross-entropy on every real token (padding ignored), AdamW with linear warm-up
     and decay. Writes the model (safetensors), the tokenizer and ``eval_results.json``
-    (:func:`verb_number_accuracy` on held-out examples, training time, settings).
+    (:func:`verb_number_accuracy` on held-out examples, :func:`subject_attractor_rates` on the
+    first ``--rate-examples`` of them, training time, settings).
 
     Example::
 
@@ -219,6 +271,7 @@ def train(args: argparse.Namespace) -> dict:
     model.eval()
     model.set_attn_implementation("sdpa")
     results: dict = verb_number_accuracy(model, tokenizer, held_out)
+    results["subject_above_attractors"] = subject_attractor_rates(model, tokenizer, held_out[: args.rate_examples])
     results["train_minutes"] = (time.perf_counter() - started) / 60
     results["settings"] = {key: value for key, value in vars(args).items() if key != "out"}
     out = Path(args.out)
@@ -241,6 +294,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--lr", type=float, default=2e-3, help="peak learning rate of AdamW (default 2e-3)")
     parser.add_argument("--warmup", type=int, default=200, help="linear warm-up steps (default 200)")
     parser.add_argument("--eval-examples", type=int, default=2000, help="held-out examples (default 2000)")
+    parser.add_argument(
+        "--rate-examples", type=int, default=1000,
+        help="held-out examples for the subject-above-attractors rates (default 1000; those with attractors count)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the training data and init (default 0)")
     parser.add_argument("--eval-seed", type=int, default=1, help="seed of the held-out split (default 1)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
@@ -254,6 +311,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     for k in range(4):
         if f"n_{k}_attractors" in results:
             print(f"  {k} attractors: {results[f'accuracy_{k}_attractors']:.4f} (n={results[f'n_{k}_attractors']})")
+    rates = results["subject_above_attractors"]
+    print(f"subject above every attractor when writing the verb (n={rates['n'][0]}), per layer:")
+    for name in ("raw", "rollout", "flow"):
+        print(f"  {name:8s}" + " ".join(f"{rate:.3f}" for rate in rates[name]))
     print(f"training time: {results['train_minutes']:.1f} min")
 
 
