@@ -225,8 +225,16 @@ def test_errors_name_the_fix(tokenizer):
         t5.attribute(PROMPT, target=TARGET, normalize=True)
 
 
-@pytest.mark.parametrize("module", ["captum_attnflow.attr.llm", "captum_attnflow.models.language_model", "captum_attnflow.models.train_lm",
-                                    "captum_attnflow.functional.encoder_decoder", "captum_attnflow.hf.seq2seq"])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "captum_attnflow.attr.llm",
+        "captum_attnflow.models.language_model",
+        "captum_attnflow.models.train_lm",
+        "captum_attnflow.functional.encoder_decoder",
+        "captum_attnflow.hf.seq2seq",
+    ],
+)
 def test_docstring_examples_run(module):
     results = doctest.testmod(importlib.import_module(module))
     assert results.attempted > 0 and results.failed == 0
