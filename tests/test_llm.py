@@ -160,9 +160,12 @@ def test_text_token_input_skip_tokens_leave_columns_out(tokenizer):
     model = make_lm("gpt2", len(tokenizer))
     explainer = LLMAttentionAttribution(RawAttention(model), tokenizer)
     full = explainer.attribute(PROMPT, target=TARGET)
-    skipped = explainer.attribute(TextTokenInput(PROMPT, tokenizer, skip_tokens=["the"]), target=TARGET)
+    text = TextTokenInput(PROMPT, tokenizer, skip_tokens=["the"])
+    skipped = explainer.attribute(text, target=TARGET)
     assert skipped.input_tokens == ["[CLS]", "keys", "to", "cabinet"]
     torch.testing.assert_close(skipped.token_attr, full.token_attr[:, [0, 2, 3, 5]])
+    both = explainer.attribute(text, target=TARGET, drop_sink=True)
+    assert both.input_tokens == ["keys", "to", "cabinet"] and bool(text.itp_mask[0, 0])  # the input is not modified
 
 
 @pytest.mark.parametrize("method", METHODS)

@@ -316,7 +316,7 @@ class LLMAttentionAttribution(Attribution):
             # the decoder's inputs are its start token and every output token but the last
             decoder_start = later[:, 0].clone()
             later = torch.cat([later[:, 1:], torch.zeros(n_out, 1)], 1)
-        columns = torch.ones(n_in, dtype=torch.bool) if text.itp_mask is None else text.itp_mask[0].cpu().bool()
+        columns = torch.ones(n_in, dtype=torch.bool) if text.itp_mask is None else text.itp_mask[0].cpu().bool().clone()
         if drop_sink:
             columns[0] = False
         token_attr = prompt_rows[:, columns]
