@@ -181,10 +181,10 @@ def subject_attractor_rates(
     """How often raw attention, rollout and flow put the subject above every attractor when the model writes the verb.
 
     For each example with at least one attractor, the position that writes the verb (the
-    last word of the prompt ``[CLS] + words``) is explained after every layer with
-    :class:`~captum_attnflow.attr.llm.LLMAttentionAttribution` (target: the agreeing copula);
-    the subject counts as above when its score exceeds every attractor's by more than 1e-6
-    (ties do not count).
+    last token of the prompt ``[CLS] + words``; the causal model reads nothing after it) is
+    explained after every layer, as :class:`~captum_attnflow.attr.llm.LLMAttentionAttribution`
+    explains it with the copula as target; the subject counts as above when its score exceeds
+    every attractor's by more than 1e-6 (ties do not count).
 
     Returns:
         ``{"raw": [rate after layer 1, ...], "rollout": [...], "flow": [...], "n": [count]}``.
@@ -198,24 +198,20 @@ def subject_attractor_rates(
         (['flow', 'n', 'raw', 'rollout'], True)
     """
     from captum_attnflow.attr import AttentionFlow, AttentionRollout, RawAttention
-    from captum_attnflow.attr.llm import LLMAttentionAttribution
 
     chosen = [e for e in examples if e.num_attractors > 0]
     methods = {"raw": RawAttention(model), "rollout": AttentionRollout(model), "flow": AttentionFlow(model)}
-    above: dict[str, list[int]] = {name: [0] * model.config.n_layer for name in methods}
+    above = {name: torch.zeros(model.config.n_layer, dtype=torch.float64) for name in methods}
     for start in range(0, len(chosen), batch_size):
         chunk = chosen[start : start + batch_size]
-        prompts = [e.sentence for e in chunk]
-        targets = [COPULAS[e.label] for e in chunk]
+        batch = tokenizer([list(e.words) for e in chunk], is_split_into_words=True, padding=True, return_tensors="pt")
+        verb = batch["attention_mask"].sum(1) - 1  # right padding: the last real token writes the verb
         for name, method in methods.items():
-            explainer = LLMAttentionAttribution(method, tokenizer)
-            for layer in range(model.config.n_layer):
-                results = explainer.attribute(prompts, target=targets, layer=layer + 1)
-                for example, result in zip(chunk, results):
-                    scores = result.token_attr[0]
-                    subject = scores[example.subject_index + 1]
-                    attractors = scores[[i + 1 for i in example.attractor_indices]]
-                    above[name][layer] += int(bool((subject > attractors + 1e-6).all()))
-    rates: dict[str, list[float]] = {name: [count / max(1, len(chosen)) for count in counts] for name, counts in above.items()}
+            scores = method.attribute(batch["input_ids"], position=verb, layer=None, attention_mask=batch["attention_mask"])
+            for row, example in enumerate(chunk):
+                subject = scores[:, row, example.subject_index + 1, None]  # (L, 1)
+                attractors = scores[:, row, [i + 1 for i in example.attractor_indices]]  # (L, k)
+                above[name] += (subject > attractors + 1e-6).all(1).float()
+    rates = {name: (counts / max(1, len(chosen))).tolist() for name, counts in above.items()}
     rates["n"] = [len(chosen)]
     return rates
