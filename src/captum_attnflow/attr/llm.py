@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from captum_attnflow.attr.flow import AttentionFlow
 from captum_attnflow.attr.raw_attention import RawAttention
 from captum_attnflow.attr.rollout import AttentionRollout
+from captum_attnflow.extraction import extract_attentions
 from captum_attnflow.functional.encoder_decoder import (
     encoder_decoder_flow,
     encoder_decoder_raw_attention,
@@ -257,7 +258,7 @@ class LLMAttentionAttribution(Attribution):
         sequences = [torch.cat([p, o]) for p, o in zip(prompts, outputs)]
         ids, mask, offsets = _pad(sequences, _pad_id(self.tokenizer, self.model), side)
         # One forward pass; every predicting position is then explained from the same maps.
-        attentions = self.attr_method._attentions(ids, None, mask)
+        attentions = extract_attentions(self.model, ids, None, mask)
         replay = type(self.attr_method)(lambda _inputs: attentions)
         lengths = torch.tensor([o.numel() for o in outputs], device=ids.device)
         starts = torch.tensor([off + p.numel() - 1 for off, p in zip(offsets, prompts)], device=ids.device)
