@@ -14,9 +14,11 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "AttentionFlow": "captum_attnflow.attr",
     "AttentionRollout": "captum_attnflow.attr",
+    "LLMAttentionAttribution": "captum_attnflow.attr",
     "RawAttention": "captum_attnflow.attr",
     "eager_attention": "captum_attnflow.hf",
     "extract_attentions": "captum_attnflow.hf",
+    "load_agreement_lm": "captum_attnflow.models",
     "load_agreement_model": "captum_attnflow.models",
 }
 

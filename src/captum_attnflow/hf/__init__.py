@@ -15,11 +15,13 @@ from captum_attnflow.hf.inputs import (
     warn_unmasked_padding,
 )
 from captum_attnflow.hf.models import check_device, hf_models, main_model, outermost, owning_module
+from captum_attnflow.hf.seq2seq import Seq2SeqAttentions, seq2seq_attentions
 from captum_attnflow.hf.scores import ScoreForward, class_scores, input_embeddings, token_id
 from captum_attnflow.hf.state import eager_attention, exclusive, implementation, model_call, unchanged
 
 __all__ = [
     "ScoreForward",
+    "Seq2SeqAttentions",
     "as_tuple",
     "attentions_of",
     "capture_graph",
@@ -37,6 +39,7 @@ __all__ = [
     "model_call",
     "outermost",
     "owning_module",
+    "seq2seq_attentions",
     "token_id",
     "unchanged",
     "unpack_inputs",

@@ -4,3 +4,6 @@ from captum_attnflow.models.agreement import AgreementConfig, AgreementModel
 from captum_attnflow.models.bundled import load_agreement_model
 
 __all__ = ["AgreementConfig", "AgreementModel", "load_agreement_model"]
+from captum_attnflow.models.language_model import load_agreement_lm  # noqa: E402
+
+__all__ += ["load_agreement_lm"]

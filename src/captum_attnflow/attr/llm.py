@@ -1,0 +1,370 @@
+"""Attention attributions of generated text, as Captum's ``LLMAttribution`` returns them."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from typing import Any, Iterator, Sequence
+
+import torch
+from captum.attr import Attribution, LLMAttributionResult, TextTokenInput
+from torch import Tensor, nn
+
+from captum_attnflow.attr.flow import AttentionFlow
+from captum_attnflow.attr.raw_attention import RawAttention
+from captum_attnflow.attr.rollout import AttentionRollout
+from captum_attnflow.extraction import extract_attentions
+from captum_attnflow.functional.encoder_decoder import (
+    encoder_decoder_flow,
+    encoder_decoder_raw_attention,
+    encoder_decoder_rollout,
+)
+from captum_attnflow.hf import seq2seq_attentions
+
+try:  # transformers is a dependency, but keep the import error readable
+    from transformers import PreTrainedModel
+except ImportError:  # pragma: no cover
+    PreTrainedModel = ()  # type: ignore[assignment,misc]
+
+_JOINT_GRAPH = {
+    RawAttention: encoder_decoder_raw_attention,
+    AttentionRollout: encoder_decoder_rollout,
+    AttentionFlow: encoder_decoder_flow,
+}
+
+
+class LLMAttentionAttributionResult(LLMAttributionResult):
+    """Captum's :class:`~captum.attr.LLMAttributionResult` with the shares that fall outside the prompt.
+
+    ``token_attr`` (n_out, n_in), ``seq_attr`` (n_in), ``input_tokens``, ``output_tokens``,
+    ``plot_token_attr()`` and ``plot_seq_attr()`` are Captum's. Added:
+
+    Attributes:
+        output_attr: (n_out, n_out), ``[t, k]`` the score of output token ``k`` (as an input
+            of later positions) for the position that predicts output token ``t``; 0 for
+            ``k >= t``, which that position cannot see.
+        sink_attr: (n_out,), the score of the first prompt token (BOS, or the first word when
+            the tokenizer adds none), also when ``drop_sink=True`` leaves it out of ``token_attr``.
+        decoder_start_attr: (n_out,) for an encoder-decoder, the score of the decoder's start
+            token; None for a decoder-only model.
+    """
+
+    def __init__(
+        self,
+        *,
+        input_tokens: list[str],
+        output_tokens: list[str],
+        seq_attr: Tensor,
+        token_attr: Tensor,
+        output_attr: Tensor,
+        sink_attr: Tensor,
+        decoder_start_attr: Tensor | None = None,
+        inp: Any = None,
+    ) -> None:
+        super().__init__(
+            input_tokens=input_tokens, output_tokens=output_tokens, seq_attr=seq_attr, token_attr=token_attr, inp=inp
+        )
+        self.output_attr = output_attr
+        self.sink_attr = sink_attr
+        self.decoder_start_attr = decoder_start_attr
+
+
+class LLMAttentionAttribution(Attribution):
+    """Raw attention, rollout or flow of a language model's prompt for each token it writes.
+
+    Mirrors Captum's :class:`~captum.attr.LLMAttribution`: wrap an attention method and a
+    tokenizer, call :meth:`attribute` with a prompt and a target (or none, to generate one),
+    get an :class:`~captum.attr.LLMAttributionResult`.
+
+    * A decoder-only model (GPT-2, Llama, ... ``*ForCausalLM``) runs once on prompt + target.
+      Output token :math:`t` is predicted at position :math:`p_t = n_{in} - 1 + t`, and row
+      :math:`t` of ``token_attr`` is exactly what ``method.attribute(ids, position=p_t,
+      layer=layer, ...)`` gives on prompt + target, restricted to the prompt: no renormalisation;
+      the share on earlier output tokens is ``result.output_attr``.
+    * An encoder-decoder (T5, BART, ``*ForConditionalGeneration``) runs once on the prompt
+      (encoder) and the decoder start token + target (decoder); row :math:`t` is decoder
+      position :math:`t` in the joint graph of encoder self-, decoder self- and cross-attention
+      (:mod:`captum_attnflow.functional.encoder_decoder`), after decoder layer ``layer``.
+
+    Args:
+        attr_method: a :class:`~captum_attnflow.RawAttention`,
+            :class:`~captum_attnflow.AttentionRollout` or :class:`~captum_attnflow.AttentionFlow`
+            built on the Hugging Face model itself.
+        tokenizer: the model's tokenizer.
+
+    Raises:
+        TypeError: another method, or a model that is neither a causal LM nor an encoder-decoder.
+    """
+
+    SUPPORTED_METHODS = (RawAttention, AttentionRollout, AttentionFlow)
+
+    def __init__(self, attr_method: Attribution, tokenizer: Any) -> None:
+        if not isinstance(attr_method, self.SUPPORTED_METHODS):
+            raise TypeError(
+                f"LLMAttentionAttribution wraps RawAttention, AttentionRollout or AttentionFlow, got "
+                f"{type(attr_method).__name__}; for Captum's own methods use captum.attr.LLMAttribution."
+            )
+        model = attr_method.forward_func
+        self.encoder_decoder = bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False))
+        if not isinstance(model, PreTrainedModel) or not (self.encoder_decoder or model.can_generate()):
+            raise TypeError(
+                f"{type(attr_method).__name__} must be built on a Hugging Face language model: a causal LM "
+                "(e.g. GPT2LMHeadModel, LlamaForCausalLM) or an encoder-decoder (e.g. T5ForConditionalGeneration), "
+                f"got {type(model).__name__}."
+            )
+        super().__init__(model)
+        self.attr_method = attr_method
+        self.model: nn.Module = model
+        self.tokenizer = tokenizer
+
+    def attribute(
+        self,
+        inp: str | TextTokenInput | Sequence[str | TextTokenInput],
+        target: str | Tensor | None | Sequence[str | Tensor | None] = None,
+        layer: int = -1,
+        max_new_tokens: int = 25,
+        receptive_field: bool = False,
+        drop_sink: bool = False,
+        padding_side: str | None = None,
+        **kwargs: Any,
+    ) -> LLMAttentionAttributionResult | list[LLMAttentionAttributionResult]:
+        """Scores of the prompt tokens for every output token, from one forward pass.
+
+        Args:
+            inp: the prompt: a string (tokenized with special tokens, as
+                ``TextTokenInput`` does) or Captum's ``TextTokenInput`` (its ``skip_tokens``
+                leave columns out). A list of prompts runs as one padded batch and returns a
+                list of results.
+            target: the output to explain: a string (tokenized without special tokens), a
+                1-D tensor of token ids, or None to generate greedily (``max_new_tokens``).
+                A list, one per prompt, for a list of prompts.
+            layer: explain the positions after this layer, 1..L or negative from the top
+                (of the decoder for an encoder-decoder). Default: -1, the last.
+            max_new_tokens: the longest generated target.
+            receptive_field: divide each score by the number of positions that can attend to
+                the token within the explained position's context: for position :math:`p`
+                and token :math:`j \\le p` of a causal model, :math:`p - j + 1`. Causal
+                attention lets early tokens collect attention by construction (the first
+                token is visible to every position); this undoes that count. Rows then no
+                longer sum to 1. Decoder-only models; default False.
+            drop_sink: leave the first prompt token (BOS, the usual attention sink) out of
+                ``input_tokens``, ``token_attr`` and ``seq_attr``; its scores stay in
+                ``result.sink_attr``. Default False.
+            padding_side: ``"left"`` or ``"right"`` for a list of prompts of a decoder-only
+                model (both give the same scores); None uses the tokenizer's. Encoder-decoders
+                pad the source on the right.
+            **kwargs: passed to the method's ``attribute`` (``head_fusion``,
+                ``residual_alpha``, and for flow ``normalize``, ``show_progress``); for an
+                encoder-decoder ``head_fusion`` and ``residual_alpha`` (default: the method's).
+
+        Returns:
+            LLMAttentionAttributionResult: ``token_attr`` (n_out, n_in) as described above;
+            ``seq_attr`` (n_in) the mean of its rows, the average share of each prompt token
+            over the output; ``output_attr``, ``sink_attr``, ``decoder_start_attr`` (see the
+            class); ``input_tokens`` and ``output_tokens`` as ``tokenizer.convert_ids_to_tokens``
+            gives them. A list of them for a list of prompts.
+
+        Example::
+
+            >>> import torch
+            >>> from captum_attnflow import AttentionRollout
+            >>> from captum_attnflow.attr.llm import LLMAttentionAttribution
+            >>> from captum_attnflow.models.language_model import load_agreement_lm
+            >>> model, tokenizer = load_agreement_lm()
+            >>> explainer = LLMAttentionAttribution(AttentionRollout(model), tokenizer)
+            >>> result = explainer.attribute("the keys to the cabinet", target="are .")
+            >>> result.input_tokens, result.output_tokens
+            (['[CLS]', 'the', 'keys', 'to', 'the', 'cabinet'], ['are', '.'])
+            >>> ids = tokenizer("the keys to the cabinet are .", return_tensors="pt")["input_ids"]
+            >>> single = AttentionRollout(model).attribute(ids, position=5)  # the position that writes "are"
+            >>> bool(torch.allclose(result.token_attr[0], single[0, :6]))
+            True
+            >>> fig, ax = result.plot_token_attr()  # Captum's heatmap
+
+            Receptive-field normalisation takes the first token's advantage away:
+
+            >>> result.input_tokens[result.token_attr[0].argmax()]
+            '[CLS]'
+            >>> fair = explainer.attribute("the keys to the cabinet", target="are .", receptive_field=True)
+            >>> fair.input_tokens[fair.token_attr[0].argmax()]
+            'cabinet'
+        """
+        single = isinstance(inp, (str, TextTokenInput))
+        prompts = [inp] if single else list(inp)
+        if not prompts:
+            raise ValueError("inp is an empty list: pass a prompt string or TextTokenInput.")
+        targets = [target] if single else ([None] * len(prompts) if target is None else list(target))
+        if len(targets) != len(prompts):
+            raise ValueError(f"got {len(prompts)} prompts but {len(targets)} targets: pass one target (or None) per prompt.")
+        if isinstance(layer, bool) or not isinstance(layer, int):
+            raise TypeError(f"layer must be one layer, an int (1..L or negative), got {layer!r}.")
+        if receptive_field and self.encoder_decoder:
+            raise ValueError(
+                "receptive_field=True is for decoder-only models, whose causal attention favours early tokens; "
+                "an encoder attends to every source token, so leave it False for an encoder-decoder."
+            )
+        inputs = [prompt if isinstance(prompt, TextTokenInput) else self._text_input(prompt) for prompt in prompts]
+        device = next(self.model.parameters()).device
+        prompt_ids = [text.inp_tensor[0].to(device) for text in inputs]
+        output_ids = [self._target_ids(ids, t, max_new_tokens, device) for ids, t in zip(prompt_ids, targets)]
+        if self.encoder_decoder:
+            rows = self._encoder_decoder_rows(prompt_ids, output_ids, layer, kwargs)
+        else:
+            rows = self._decoder_rows(prompt_ids, output_ids, layer, padding_side, kwargs)
+        results = [
+            self._result(text, ids, out, row, receptive_field, drop_sink)
+            for text, ids, out, row in zip(inputs, prompt_ids, output_ids, rows)
+        ]
+        return results[0] if single else results
+
+    def _text_input(self, prompt: Any) -> TextTokenInput:
+        if not isinstance(prompt, str):
+            raise TypeError(f"inp must be a prompt string or captum.attr.TextTokenInput, got {type(prompt).__name__}.")
+        return TextTokenInput(prompt, self.tokenizer)
+
+    def _target_ids(self, prompt: Tensor, target: Any, max_new_tokens: int, device: torch.device) -> Tensor:
+        """The output token ids (n_out,): the target's, or the greedy continuation of ``prompt``."""
+        if isinstance(target, str):
+            ids = torch.tensor(self.tokenizer.encode(target, add_special_tokens=False), dtype=torch.long, device=device)
+        elif isinstance(target, Tensor):
+            if target.dim() != 1 or target.dtype.is_floating_point:
+                raise ValueError(f"target as a tensor must be 1-D token ids (n_out,), got shape {tuple(target.shape)}.")
+            ids = target.to(device, torch.long)
+        elif target is None:
+            with _eval_mode(self.model):
+                generated = self.model.generate(
+                    input_ids=prompt[None],
+                    attention_mask=torch.ones_like(prompt)[None],
+                    max_new_tokens=max_new_tokens,
+                    do_sample=False,
+                    num_beams=1,
+                    pad_token_id=_pad_id(self.tokenizer, self.model),
+                )[0]
+            # a causal LM returns the prompt and the continuation; an encoder-decoder its start token first
+            ids = generated[1:] if self.encoder_decoder else generated[prompt.numel() :]
+        else:
+            raise TypeError(f"target must be a string, a 1-D tensor of token ids or None, got {type(target).__name__}.")
+        if ids.numel() == 0:
+            raise ValueError("the target has no tokens: pass a non-empty target, or None to generate one.")
+        return ids
+
+    def _decoder_rows(
+        self, prompts: list[Tensor], outputs: list[Tensor], layer: int, padding_side: str | None, kwargs: dict
+    ) -> list[Tensor]:
+        """Per example, (n_out, n_in + n_out): the method's row at each predicting position, padding removed."""
+        side = padding_side or getattr(self.tokenizer, "padding_side", "right")
+        if side not in ("left", "right"):
+            raise ValueError(f'padding_side must be "left" or "right", got {side!r}.')
+        sequences = [torch.cat([p, o]) for p, o in zip(prompts, outputs)]
+        ids, mask, offsets = _pad(sequences, _pad_id(self.tokenizer, self.model), side)
+        # One forward pass; every predicting position is then explained from the same maps.
+        attentions = extract_attentions(self.model, ids, None, mask)
+        replay = type(self.attr_method)(lambda _inputs: attentions)
+        lengths = torch.tensor([o.numel() for o in outputs], device=ids.device)
+        starts = torch.tensor([off + p.numel() - 1 for off, p in zip(offsets, prompts)], device=ids.device)
+        steps = []
+        for t in range(int(lengths.max())):
+            # examples with fewer output tokens repeat their last one; those rows are dropped below
+            position = starts + torch.clamp(lengths - 1, max=t)
+            steps.append(replay.attribute(ids, position=position, layer=layer, attention_mask=mask, **kwargs))
+        scores = torch.stack(steps, 1)  # (B, max n_out, N)
+        return [
+            scores[b, : o.numel(), off : off + s.numel()]
+            for b, (o, s, off) in enumerate(zip(outputs, sequences, offsets))
+        ]
+
+    def _encoder_decoder_rows(
+        self, prompts: list[Tensor], outputs: list[Tensor], layer: int, kwargs: dict
+    ) -> list[Tensor]:
+        """Per example, (n_out, n_in + n_out): the joint-graph row of each decoder position."""
+        unknown = set(kwargs) - {"head_fusion", "residual_alpha"}
+        if unknown:
+            raise TypeError(
+                f"unexpected arguments {sorted(unknown)} for an encoder-decoder: it takes head_fusion and residual_alpha."
+            )
+        options = {"residual_alpha": _default(self.attr_method, "residual_alpha"), **kwargs}
+        start = self.model.config.decoder_start_token_id
+        if start is None:
+            raise ValueError(f"{type(self.model).__name__}.config.decoder_start_token_id is None; set it to run the decoder.")
+        pad = _pad_id(self.tokenizer, self.model)
+        source, source_mask, _ = _pad(prompts, pad, "right")
+        decoder_inputs = [torch.cat([o.new_tensor([start]), o[:-1]]) for o in outputs]
+        decoder, decoder_mask, _ = _pad(decoder_inputs, pad, "right")
+        maps = seq2seq_attentions(self.model, source, decoder, source_mask, decoder_mask)
+        scores = _JOINT_GRAPH[type(self.attr_method)](
+            maps.encoder, maps.decoder, maps.cross, layer=layer,
+            attention_mask=source_mask, decoder_attention_mask=decoder_mask, **options,
+        ).to(source.device)
+        n = source.shape[1]
+        return [
+            torch.cat([scores[b, : o.numel(), : p.numel()], scores[b, : o.numel(), n : n + o.numel()]], -1)
+            for b, (p, o) in enumerate(zip(prompts, outputs))
+        ]
+
+    def _result(
+        self, text: TextTokenInput, prompt: Tensor, output: Tensor, rows: Tensor, receptive_field: bool, drop_sink: bool
+    ) -> LLMAttentionAttributionResult:
+        """Split (n_out, n_in + n_out) rows into the prompt's, the outputs' and the sink's shares."""
+        n_in, n_out = prompt.numel(), output.numel()
+        rows = rows.float().cpu()
+        if receptive_field:
+            # position n_in - 1 + t predicts output t; positions j..p can attend to token j
+            predicting = torch.arange(n_out)[:, None] + n_in - 1
+            rows = rows / (predicting - torch.arange(n_in + n_out)[None, :] + 1).clamp_min(1)
+        prompt_rows, later = rows[:, :n_in], rows[:, n_in:]
+        decoder_start = None
+        if self.encoder_decoder:
+            # the decoder's inputs are its start token and every output token but the last
+            decoder_start = later[:, 0].clone()
+            later = torch.cat([later[:, 1:], torch.zeros(n_out, 1)], 1)
+        columns = torch.ones(n_in, dtype=torch.bool) if text.itp_mask is None else text.itp_mask[0].cpu().bool().clone()
+        if drop_sink:
+            columns[0] = False
+        token_attr = prompt_rows[:, columns]
+        return LLMAttentionAttributionResult(
+            input_tokens=self.tokenizer.convert_ids_to_tokens(prompt[columns.to(prompt.device)].tolist()),
+            output_tokens=self.tokenizer.convert_ids_to_tokens(output.tolist()),
+            seq_attr=token_attr.mean(0),
+            token_attr=token_attr,
+            output_attr=later,
+            sink_attr=prompt_rows[:, 0].clone(),
+            decoder_start_attr=decoder_start,
+            inp=text,
+        )
+
+
+def _pad(sequences: list[Tensor], pad_id: int, side: str) -> tuple[Tensor, Tensor, list[int]]:
+    """Stack 1-D id tensors into (B, N) ids and mask, padded on ``side``; each one's offset."""
+    width = max(s.numel() for s in sequences)
+    ids = sequences[0].new_full((len(sequences), width), pad_id)
+    mask = torch.zeros_like(ids)
+    offsets = []
+    for row, sequence in enumerate(sequences):
+        offset = width - sequence.numel() if side == "left" else 0
+        ids[row, offset : offset + sequence.numel()] = sequence
+        mask[row, offset : offset + sequence.numel()] = 1
+        offsets.append(offset)
+    return ids, mask, offsets
+
+
+def _pad_id(tokenizer: Any, model: nn.Module) -> int:
+    for value in (getattr(tokenizer, "pad_token_id", None), model.config.pad_token_id, model.config.eos_token_id):
+        if isinstance(value, int):
+            return value
+    return 0  # any id will do: padding is masked out
+
+
+def _default(method: Attribution, name: str) -> Any:
+    return inspect.signature(type(method).attribute).parameters[name].default
+
+
+@contextlib.contextmanager
+def _eval_mode(model: nn.Module) -> Iterator[None]:
+    """Generate without dropout; every submodule's own mode comes back afterwards."""
+    modes = [(module, module.training) for module in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for module, mode in modes:
+            module.training = mode

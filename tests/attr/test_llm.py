@@ -1,0 +1,226 @@
+"""LLMAttentionAttribution: rows equal the single-position attributions, on tiny GPT-2, Llama, T5 and BART."""
+
+from __future__ import annotations
+
+
+import matplotlib
+import pytest
+import torch
+import transformers
+from captum.attr import LLMAttributionResult, TextTokenInput
+
+from captum_attnflow import AttentionFlow, AttentionRollout, LLMAttentionAttribution, RawAttention
+from captum_attnflow.functional.encoder_decoder import (
+    encoder_decoder_flow,
+    encoder_decoder_raw_attention,
+    encoder_decoder_rollout,
+)
+from captum_attnflow.hf import seq2seq_attentions
+from captum_attnflow.models.language_model import build_lm_tokenizer
+
+matplotlib.use("Agg")
+
+METHODS = [RawAttention, AttentionRollout, AttentionFlow]
+JOINT = {RawAttention: encoder_decoder_raw_attention, AttentionRollout: encoder_decoder_rollout,
+         AttentionFlow: encoder_decoder_flow}
+PROMPT, TARGET = "the keys to the cabinet", "are ."
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_lm_tokenizer()
+
+
+def make_lm(arch: str, vocab: int) -> torch.nn.Module:
+    torch.manual_seed(0)
+    if arch == "gpt2":
+        config = transformers.GPT2Config(vocab_size=vocab, n_embd=32, n_head=4, n_layer=3, n_positions=64,
+                                         bos_token_id=2, eos_token_id=3, pad_token_id=0)
+        return transformers.GPT2LMHeadModel(config).eval()
+    if arch == "llama":
+        config = transformers.LlamaConfig(vocab_size=vocab, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                                          intermediate_size=64, num_hidden_layers=3, max_position_embeddings=64,
+                                          bos_token_id=2, eos_token_id=3, pad_token_id=0)
+        return transformers.LlamaForCausalLM(config).eval()
+    if arch == "t5":
+        config = transformers.T5Config(vocab_size=vocab, d_model=16, d_kv=4, d_ff=32, num_layers=2, num_heads=2,
+                                       decoder_start_token_id=0, eos_token_id=3, pad_token_id=0)
+        return transformers.T5ForConditionalGeneration(config).eval()
+    config = transformers.BartConfig(vocab_size=vocab, d_model=16, encoder_layers=2, decoder_layers=2,
+                                     encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+                                     decoder_ffn_dim=32, max_position_embeddings=32, decoder_start_token_id=2,
+                                     bos_token_id=2, eos_token_id=3, pad_token_id=0, forced_eos_token_id=None)
+    return transformers.BartForConditionalGeneration(config).eval()
+
+
+@pytest.fixture(scope="module", params=["gpt2", "llama"])
+def causal_lm(request, tokenizer):
+    return make_lm(request.param, len(tokenizer))
+
+
+@pytest.fixture(scope="module", params=["t5", "bart"])
+def seq2seq(request, tokenizer):
+    return make_lm(request.param, len(tokenizer))
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_causal_rows_are_the_single_position_attributions(causal_lm, tokenizer, method):
+    result = LLMAttentionAttribution(method(causal_lm), tokenizer).attribute(PROMPT, target=TARGET, layer=2)
+    ids = tokenizer(f"{PROMPT} {TARGET}", return_tensors="pt")["input_ids"]
+    n_in = len(tokenizer(PROMPT)["input_ids"])
+    assert isinstance(result, LLMAttributionResult)
+    assert result.input_tokens == tokenizer.convert_ids_to_tokens(ids[0, :n_in])
+    assert result.output_tokens == ["are", "."]
+    for t in range(2):
+        single = method(causal_lm).attribute(ids, position=n_in - 1 + t, layer=2)[0]
+        torch.testing.assert_close(result.token_attr[t], single[:n_in])
+        torch.testing.assert_close(result.output_attr[t], single[n_in:])
+    assert result.output_attr[0].abs().max() == 0  # the first output token sees only the prompt
+    torch.testing.assert_close(result.seq_attr, result.token_attr.mean(0))
+    torch.testing.assert_close(result.sink_attr, result.token_attr[:, 0])
+    assert result.decoder_start_attr is None
+
+
+def test_one_forward_pass_for_all_output_tokens(tokenizer):
+    model = make_lm("gpt2", len(tokenizer))
+    calls = []
+    handle = model.register_forward_hook(lambda *args: calls.append(1))
+    try:
+        LLMAttentionAttribution(AttentionRollout(model), tokenizer).attribute(PROMPT, target="are . that the")
+    finally:
+        handle.remove()
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize("method", [AttentionRollout, AttentionFlow])
+def test_generated_and_given_target_agree(causal_lm, tokenizer, method):
+    explainer = LLMAttentionAttribution(method(causal_lm), tokenizer)
+    generated = explainer.attribute(PROMPT, max_new_tokens=4)
+    assert len(generated.output_tokens) == 4
+    target = torch.tensor(tokenizer.convert_tokens_to_ids(generated.output_tokens))
+    given = explainer.attribute(PROMPT, target=target)
+    assert given.output_tokens == generated.output_tokens
+    torch.testing.assert_close(given.token_attr, generated.token_attr)
+    torch.testing.assert_close(given.output_attr, generated.output_attr)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_left_and_right_padding_give_the_rows_of_each_prompt_alone(causal_lm, tokenizer, method):
+    explainer = LLMAttentionAttribution(method(causal_lm), tokenizer)
+    prompts, targets = [PROMPT, "a dog", "near the boxes , my dog"], [TARGET, "is", "is"]
+    left = explainer.attribute(prompts, target=targets, padding_side="left")
+    right = explainer.attribute(prompts, target=targets, padding_side="right")
+    for prompt, target, a, b in zip(prompts, targets, left, right):
+        alone = explainer.attribute(prompt, target=target)
+        for result in (a, b):
+            assert result.input_tokens == alone.input_tokens and result.output_tokens == alone.output_tokens
+            torch.testing.assert_close(result.token_attr, alone.token_attr, atol=1e-5, rtol=1e-4)
+            torch.testing.assert_close(result.output_attr, alone.output_attr, atol=1e-5, rtol=1e-4)
+
+
+def test_model_is_unchanged_afterwards(tokenizer):
+    model = make_lm("llama", len(tokenizer))
+    model.train()
+    model.lm_head.weight.requires_grad_(False)
+    hooks = {name: dict(module._forward_hooks) for name, module in model.named_modules()}
+    # generation and the one forward pass are shared by the three methods
+    LLMAttentionAttribution(AttentionFlow(model), tokenizer).attribute(PROMPT, max_new_tokens=2)
+    assert model.training and all(module.training for module in model.modules())
+    assert model.config._attn_implementation == "sdpa" and not model.lm_head.weight.requires_grad
+    assert {name: dict(module._forward_hooks) for name, module in model.named_modules()} == hooks
+
+
+def test_receptive_field_divides_by_the_positions_that_see_each_token(tokenizer):
+    model = make_lm("gpt2", len(tokenizer))
+    explainer = LLMAttentionAttribution(AttentionRollout(model), tokenizer)
+    plain = explainer.attribute(PROMPT, target=TARGET)
+    fair = explainer.attribute(PROMPT, target=TARGET, receptive_field=True)
+    n_in = 6  # [CLS] the keys to the cabinet
+    for t in range(2):
+        p = n_in - 1 + t  # the predicting position sees tokens 0..p; token j is seen by positions j..p
+        for j in range(n_in):
+            assert fair.token_attr[t, j].item() == pytest.approx(plain.token_attr[t, j].item() / (p - j + 1))
+    assert fair.output_attr[1, 0].item() == pytest.approx(plain.output_attr[1, 0].item())  # j = p: seen once
+
+
+def test_sink_is_dropped_or_reported(tokenizer):
+    model = make_lm("gpt2", len(tokenizer))
+    explainer = LLMAttentionAttribution(AttentionRollout(model), tokenizer)
+    kept = explainer.attribute(PROMPT, target=TARGET)
+    dropped = explainer.attribute(PROMPT, target=TARGET, drop_sink=True)
+    assert dropped.input_tokens == kept.input_tokens[1:] == ["the", "keys", "to", "the", "cabinet"]
+    torch.testing.assert_close(dropped.token_attr, kept.token_attr[:, 1:])
+    torch.testing.assert_close(dropped.sink_attr, kept.token_attr[:, 0])
+    torch.testing.assert_close(dropped.seq_attr, kept.token_attr[:, 1:].mean(0))
+
+
+def test_text_token_input_skip_tokens_leave_columns_out(tokenizer):
+    model = make_lm("gpt2", len(tokenizer))
+    explainer = LLMAttentionAttribution(RawAttention(model), tokenizer)
+    full = explainer.attribute(PROMPT, target=TARGET)
+    text = TextTokenInput(PROMPT, tokenizer, skip_tokens=["the"])
+    skipped = explainer.attribute(text, target=TARGET)
+    assert skipped.input_tokens == ["[CLS]", "keys", "to", "cabinet"]
+    torch.testing.assert_close(skipped.token_attr, full.token_attr[:, [0, 2, 3, 5]])
+    both = explainer.attribute(text, target=TARGET, drop_sink=True)
+    assert both.input_tokens == ["keys", "to", "cabinet"] and bool(text.itp_mask[0, 0])  # the input is not modified
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_encoder_decoder_rows_are_the_joint_graph_rows_of_each_decoder_position(seq2seq, tokenizer, method):
+    result = LLMAttentionAttribution(method(seq2seq), tokenizer).attribute(PROMPT, target="are . that")
+    source = tokenizer(PROMPT, return_tensors="pt")["input_ids"]
+    start = seq2seq.config.decoder_start_token_id
+    outputs = tokenizer.convert_tokens_to_ids(["are", ".", "that"])
+    decoder = torch.tensor([[start, *outputs[:-1]]])
+    n_in = source.shape[1]
+    for t in range(3):
+        # position t alone: the decoder run on its inputs up to t (causal, so the maps agree)
+        maps = seq2seq_attentions(seq2seq, source, decoder[:, : t + 1])
+        row = JOINT[method](maps.encoder, maps.decoder, maps.cross, layer=-1)[0, t]
+        torch.testing.assert_close(result.token_attr[t], row[:n_in], atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(result.decoder_start_attr[t], row[n_in])
+        torch.testing.assert_close(result.output_attr[t, :t], row[n_in + 1 :], atol=1e-5, rtol=1e-4)
+        assert result.output_attr[t, t:].abs().max() == 0
+
+
+def test_encoder_decoder_generation_and_padding_agree(seq2seq, tokenizer):
+    explainer = LLMAttentionAttribution(AttentionRollout(seq2seq), tokenizer)
+    generated = explainer.attribute(PROMPT, max_new_tokens=3)
+    target = torch.tensor(tokenizer.convert_tokens_to_ids(generated.output_tokens))
+    given = explainer.attribute(PROMPT, target=target)
+    torch.testing.assert_close(given.token_attr, generated.token_attr)
+    batch = explainer.attribute(["a dog", PROMPT], target=["is", TARGET])
+    torch.testing.assert_close(batch[0].token_attr, explainer.attribute("a dog", target="is").token_attr)
+    torch.testing.assert_close(batch[1].token_attr, explainer.attribute(PROMPT, target=TARGET).token_attr)
+    rows = given.token_attr.sum(1) + given.output_attr.sum(1) + given.decoder_start_attr
+    torch.testing.assert_close(rows, torch.ones(len(rows)))
+
+
+def test_captum_plots_the_result(tokenizer):
+    model = make_lm("gpt2", len(tokenizer))
+    result = LLMAttentionAttribution(AttentionFlow(model), tokenizer).attribute(PROMPT, target=TARGET)
+    fig, ax = result.plot_token_attr()
+    assert [label.get_text() for label in ax.get_yticklabels()] == ["are", "."]
+    fig, ax = result.plot_seq_attr()
+    matplotlib.pyplot.close("all")
+
+
+def test_errors_name_the_fix(tokenizer):
+    model = make_lm("gpt2", len(tokenizer))
+    with pytest.raises(TypeError, match="captum.attr.LLMAttribution"):
+        LLMAttentionAttribution(object(), tokenizer)
+    with pytest.raises(TypeError, match="causal LM"):
+        LLMAttentionAttribution(AttentionRollout(model.transformer), tokenizer)
+    explainer = LLMAttentionAttribution(AttentionRollout(model), tokenizer)
+    with pytest.raises(ValueError, match="non-empty target"):
+        explainer.attribute(PROMPT, target="")
+    with pytest.raises(ValueError, match="one target"):
+        explainer.attribute([PROMPT, "a dog"], target=["is"])
+    with pytest.raises(TypeError, match="one layer"):
+        explainer.attribute(PROMPT, target=TARGET, layer=None)
+    t5 = LLMAttentionAttribution(AttentionRollout(make_lm("t5", len(tokenizer))), tokenizer)
+    with pytest.raises(ValueError, match="decoder-only"):
+        t5.attribute(PROMPT, target=TARGET, receptive_field=True)
+    with pytest.raises(TypeError, match="head_fusion and residual_alpha"):
+        t5.attribute(PROMPT, target=TARGET, normalize=True)
