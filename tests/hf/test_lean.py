@@ -34,8 +34,11 @@ def test_lean_graph_equals_the_stored_maps_graph(arch, side, fusion):
     ids, mask = ids_and_mask(arch, side)
     lean = capture_graph(model, ids, attention_mask=mask, head_fusion=fusion, lean=True)
     stored = capture_graph(model, ids, attention_mask=mask, head_fusion=fusion, lean=False)
+    assert lean.is_streamed  # layers computed when asked for, none stored by the forward
+    for index in range(lean.num_layers):
+        torch.testing.assert_close(lean.layer(index), stored.weights[index], atol=1e-6, rtol=0)
     torch.testing.assert_close(lean.weights, stored.weights, atol=1e-6, rtol=0)
-    assert torch.equal(lean.mask, stored.mask)
+    assert torch.equal(lean.mask, stored.mask) and lean.is_causal == stored.is_causal
 
 
 @pytest.mark.parametrize("method", [RawAttention, AttentionRollout, AttentionFlow])
@@ -70,7 +73,7 @@ def test_the_model_computes_its_own_outputs_during_lean_capture():
         with lean_capture(model) as capture:
             during = model(ids, attention_mask=mask).last_hidden_state
     torch.testing.assert_close(during, expected)
-    assert capture.count == 3 and capture.fused.shape == (3, 3, 9, 9)
+    assert capture.complete and capture.fused_layer(2).shape == (3, 9, 9)
 
 
 def test_model_unchanged_after_an_exception_inside_the_lean_forward():

@@ -14,7 +14,7 @@ positions of layer :math:`l - 1`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
@@ -98,12 +98,15 @@ def add_residual(weights: Tensor, residual_alpha: float = 0.5) -> Tensor:
     return _renormalise_rows(mixed)
 
 
-@dataclass(frozen=True)
 class AttentionGraph:
     """The checked attention graph of a batch: what rollout, flow and raw attention consume.
 
     Built by :func:`attention_graph`, which validates the attentions, the mask, ``residual_alpha``
     and ``head_fusion`` once; the functions that take it trust it and re-check nothing.
+
+    A graph may also be *streamed* (:meth:`streamed`): each layer's head-fused probabilities come
+    from a function when a layer is asked for, so that rollout can walk the layers top-down
+    holding one (B, n, n) layer at a time; ``weights`` builds all layers on first access.
 
     Attributes:
         weights: (L, B, n, n) float32, :math:`A_l` per layer; rows of real tokens sum to 1,
@@ -125,16 +128,56 @@ class AttentionGraph:
         (torch.Size([6, 2, 5, 5]), torch.Size([2, 5]), 6)
     """
 
-    weights: Tensor
-    mask: Tensor
-    residual_alpha: float = 0.5
-    head_fusion: str = "mean"
-    heads: Tensor | None = None
+    def __init__(
+        self,
+        weights: Tensor | None,
+        mask: Tensor,
+        residual_alpha: float = 0.5,
+        head_fusion: str = "mean",
+        heads: Tensor | None = None,
+    ) -> None:
+        self._weights = weights
+        self.mask = mask
+        self.residual_alpha = residual_alpha
+        self.head_fusion = head_fusion
+        self.heads = heads
+        self._stream: Callable[[int], Tensor] | None = None
+        self._num_layers = weights.shape[0] if weights is not None else 0
+        self._causal: bool | None = None
 
-    @property
-    def num_layers(self) -> int:
-        """L, the number of layers."""
-        return self.weights.shape[0]
+    @classmethod
+    def streamed(
+        cls,
+        fused_layer: Callable[[int], Tensor],
+        num_layers: int,
+        attention_mask: Tensor | None,
+        batch: int,
+        n: int,
+        device: torch.device,
+        residual_alpha: float = 0.5,
+        head_fusion: str = "mean",
+        causal: bool | None = None,
+    ) -> "AttentionGraph":
+        """A graph whose layers are computed when asked for: ``fused_layer(l)`` gives the
+        head-fused attention probabilities (B, n, n) of layer l (0-based), which the graph mixes
+        with the residual. ``causal`` tells whether the attention is causal, if known.
+
+        Example::
+
+            >>> import torch
+            >>> from captum_attnflow.functional import AttentionGraph, attention_graph
+            >>> attentions = torch.softmax(torch.randn(2, 1, 4, 5, 5), -1)  # (L, B, H, n, n)
+            >>> graph = AttentionGraph.streamed(lambda l: attentions[l].mean(1), 2, None, 1, 5, torch.device("cpu"))
+            >>> torch.allclose(graph.layer(1), attention_graph(attentions).weights[1])
+            True
+        """
+        check_head_fusion(head_fusion)
+        check_residual_alpha(residual_alpha)
+        graph = cls(None, as_mask(attention_mask, batch, n, device), float(residual_alpha), head_fusion)
+        graph._stream = fused_layer
+        graph._num_layers = num_layers
+        graph._causal = causal
+        return graph
 
     @classmethod
     def from_fused(
@@ -158,22 +201,59 @@ class AttentionGraph:
         if fused.dim() != 4 or fused.shape[-1] != fused.shape[-2]:
             raise ValueError(f"fused attentions must be (L, B, n, n), got {tuple(fused.shape)}.")
         mask = as_mask(attention_mask, fused.shape[1], fused.shape[2], fused.device)
-        keep = None if mask.all() else mask[:, :, None] & mask[:, None, :]
         for layer in fused:  # in place, one layer at a time: no second (L, B, n, n) tensor
-            if keep is not None:
-                layer.mul_(keep)
-            layer.mul_(float(residual_alpha)).diagonal(dim1=-2, dim2=-1).add_(1.0 - float(residual_alpha))
-            sums = layer.sum(-1, keepdim=True)
-            layer.div_(torch.where(sums > 0, sums, torch.ones_like(sums)))
-            if keep is not None:
-                layer.mul_(keep)
+            _mix_in_place(layer, mask, float(residual_alpha))
         return cls(fused, mask, float(residual_alpha), head_fusion)
+
+    @property
+    def weights(self) -> Tensor:
+        """(L, B, n, n) float32 :math:`A_l`; a streamed graph builds all its layers here, once."""
+        if self._weights is None:
+            batch, n = self.mask.shape
+            weights = torch.empty(self._num_layers, batch, n, n, dtype=torch.float32, device=self.mask.device)
+            for index in range(self._num_layers):
+                weights[index] = self.layer(index)
+            self._weights = weights
+        return self._weights
+
+    @property
+    def is_streamed(self) -> bool:
+        """Whether the layers are still computed one at a time (``weights`` not built yet)."""
+        return self._weights is None
+
+    def layer(self, index: int) -> Tensor:
+        """:math:`A_l` of layer ``index`` (0-based), (B, n, n) float32."""
+        if self._weights is not None:
+            return self._weights[index]
+        return _mix_in_place(self._stream(index).float(), self.mask, self.residual_alpha)
+
+    @property
+    def num_layers(self) -> int:
+        """L, the number of layers."""
+        return self._num_layers
 
     @property
     def is_causal(self) -> bool:
         """Whether every real token attends only to itself and earlier tokens, in every layer
         (a decoder's attention): then the last real token is the one that has seen the input."""
-        return not bool(self.weights.triu(1).any())
+        if self._causal is None:
+            # One layer at a time: a triu of all layers at once would copy the whole graph.
+            self._causal = not any(bool(self.layer(index).triu(1).any()) for index in range(self._num_layers))
+        return self._causal
+
+
+def _mix_in_place(layer: Tensor, mask: Tensor, residual_alpha: float) -> Tensor:
+    """(B, n, n) fused probabilities -> :math:`A`: padding removed, :math:`\\alpha W + (1 - \\alpha) I`,
+    rows renormalised, all in place; returns ``layer``."""
+    keep = None if mask.all() else mask[:, :, None] & mask[:, None, :]
+    if keep is not None:
+        layer.mul_(keep)
+    layer.mul_(residual_alpha).diagonal(dim1=-2, dim2=-1).add_(1.0 - residual_alpha)
+    sums = layer.sum(-1, keepdim=True)
+    layer.div_(torch.where(sums > 0, sums, torch.ones_like(sums)))
+    if keep is not None:
+        layer.mul_(keep)
+    return layer
 
 
 def attention_graph(

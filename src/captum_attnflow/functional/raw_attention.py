@@ -71,7 +71,7 @@ def raw_attention(
     layers = layer_indices(layer, graph.num_layers)
     batch = torch.arange(sources.shape[0], device=sources.device)[:, None]
     if head is None:
-        scores = graph.weights[layers][:, batch, sources]  # (layers, B, S, n)
+        scores = torch.stack([graph.layer(index)[batch, sources] for index in layers])  # (layers, B, S, n)
     else:
         heads = graph.heads[layers][:, :, head_indices(head, graph.heads.shape[2])]  # (layers, B, H', n, n)
         scores = heads.transpose(1, 2)[:, :, batch, sources]  # (layers, H', B, S, n)

@@ -18,6 +18,7 @@ head layers".
 from __future__ import annotations
 
 import bisect
+from typing import Callable
 
 import numpy as np
 import torch
@@ -137,10 +138,12 @@ def rollout_rows(
     layers = layer_indices(layer, graph.num_layers)
     if head is not None:
         scores = _head_rows(graph, sources, layers, head_indices(head, graph.heads.shape[2]))
+    elif graph.is_streamed:  # one layer at a time, top-down, never all of them
+        scores = _propagate_rows(graph.layer, graph.mask.shape[1], sources, layers)
     elif graph.weights.device.type == "cpu" and not graph.weights.requires_grad:
         scores = torch.from_numpy(_rows_compiled(graph.weights.numpy(), sources.numpy(), layers))
     else:
-        scores = _propagate_rows(graph.weights, sources, layers)
+        scores = _propagate_rows(graph.weights.__getitem__, graph.mask.shape[1], sources, layers)
     return shape_result(scores, layer, has_axis, head)
 
 
@@ -171,16 +174,16 @@ def _head_rows(graph: AttentionGraph, sources: Tensor, layers: list[int], heads:
     return torch.stack(results)
 
 
-def _propagate_rows(graph: Tensor, sources: Tensor, layers: list[int]) -> Tensor:
-    """Rows of ``sources`` (B, S) after each of ``layers`` (sorted, 0-based) through ``graph``: (len(layers), B, S, n)."""
-    n = graph.shape[-1]
+def _propagate_rows(layer: Callable[[int], Tensor], n: int, sources: Tensor, layers: list[int]) -> Tensor:
+    """Rows of ``sources`` (B, S) after each of ``layers`` (sorted, 0-based) through the graph whose
+    layer l is ``layer(l)`` (B, n, n), each asked for once, top-down: (len(layers), B, S, n)."""
     batch, count = sources.shape
     # rows[:, k] explains the output of layers[k]; it is multiplied by A_l for every l <= layers[k].
-    start = torch.nn.functional.one_hot(sources, n).to(graph.dtype)  # (B, S, n)
+    start = torch.nn.functional.one_hot(sources, n).float()  # (B, S, n)
     rows = start[:, None].expand(batch, len(layers), count, n).reshape(batch, len(layers) * count, n)
     for index in range(layers[-1], -1, -1):
         first = bisect.bisect_left(layers, index) * count
-        rows = torch.cat([rows[:, :first], torch.bmm(rows[:, first:], graph[index])], 1)
+        rows = torch.cat([rows[:, :first], torch.bmm(rows[:, first:], layer(index))], 1)
     return rows.reshape(batch, len(layers), count, n).permute(1, 0, 2, 3)
 
 

@@ -140,17 +140,23 @@ def capture_graph(
     if lean is False or not applies:
         attentions = extract_attentions(forward_func, inputs, additional_forward_args, attention_mask)
         return attention_graph(attentions, residual_alpha, head_fusion, attention_mask, keep_heads)
-    fused = _lean_fused(forward_func, inputs, as_tuple(additional_forward_args), attention_mask, head_fusion)
-    if fused is None:  # the model did not run all its layers through the interface
+    graph = _lean_graph(forward_func, inputs, as_tuple(additional_forward_args), attention_mask, residual_alpha, head_fusion)
+    if graph is None:  # the model did not run all its layers through the interface
         attentions = extract_attentions(forward_func, inputs, additional_forward_args, attention_mask)
         return attention_graph(attentions, residual_alpha, head_fusion, attention_mask, keep_heads)
-    return AttentionGraph.from_fused(fused, residual_alpha, head_fusion, attention_mask)
+    return graph
 
 
-def _lean_fused(
-    model: PreTrainedModel, inputs: Tensor, args: tuple, attention_mask: Tensor | None, head_fusion: str
-) -> Tensor | None:
-    """(L, B, n, n) head-fused attention collected during one forward, in the inputs' token order."""
+def _lean_graph(
+    model: PreTrainedModel,
+    inputs: Tensor,
+    args: tuple,
+    attention_mask: Tensor | None,
+    residual_alpha: float,
+    head_fusion: str,
+) -> AttentionGraph | None:
+    """A streamed graph from one lean forward: each layer recomputed from its queries and keys
+    when asked, in the inputs' token order; None if some layer bypassed the interface."""
     check_device(model, inputs)
     check_mask_not_in_args(model, args, attention_mask)
     kwargs: dict[str, Any] = {}
@@ -159,19 +165,25 @@ def _lean_fused(
         attention_mask = torch.as_tensor(attention_mask).to(inputs.device)
         kwargs["attention_mask"] = attention_mask
         order = real_tokens_first(attention_mask)
+    run_inputs = inputs
     if order is not None:
-        inputs, kwargs["attention_mask"] = reorder_tokens(inputs, order), reorder_tokens(attention_mask, order)
+        run_inputs, kwargs["attention_mask"] = reorder_tokens(inputs, order), reorder_tokens(attention_mask, order)
         args = tuple(_moved_with_tokens(arg, order) for arg in args)
     with torch.no_grad(), unchanged(model), lean_capture(model, head_fusion) as capture:
-        model(inputs, *args, **kwargs)
-    if capture.fused is None or capture.count != capture.num_layers:
+        model(run_inputs, *args, **kwargs)
+    if not capture.complete:
         return None
-    fused = capture.fused
-    if order is not None:
-        back = order.argsort(dim=-1)
-        for layer in fused:  # one layer at a time: no second (L, B, n, n) tensor
-            layer.copy_(_maps_in_order(layer[:, None], back)[:, 0])
-    return fused
+    back = order.argsort(dim=-1) if order is not None else None
+
+    def fused_layer(index: int) -> Tensor:
+        fused = capture.fused_layer(index)
+        return fused if back is None else _maps_in_order(fused[:, None], back)[:, 0]
+
+    batch, n = attention_mask.shape if attention_mask is not None else capture.layers[0][0].shape[0::2]
+    return AttentionGraph.streamed(
+        fused_layer, capture.num_layers, attention_mask, batch, n, capture.layers[0][0].device,
+        residual_alpha, head_fusion, capture.causal,
+    )
 
 
 def _model_attentions(

@@ -8,12 +8,14 @@ layer then
 
 1. computes its output with the model's own implementation (``sdpa`` as loaded, so the model's
    outputs are what they always are), and
-2. recomputes its probabilities :math:`\\operatorname{softmax}(q k^\\top s + M)` from the
-   queries and keys it was given (after rotary embeddings, grouped-query heads repeated), in
-   blocks of rows, fusing the heads of each block at once.
+2. keeps the queries and keys it was given (after rotary embeddings), 2·n·H·d numbers
+   instead of the H·n² of its maps.
 
-Only the fused (B, n, n) matrix of each layer is kept: L·n² numbers, H times fewer, and never
-more than one block of per-head rows at a time.
+Afterwards each layer's probabilities :math:`\\operatorname{softmax}(q k^\\top s + M)` are
+recomputed when a method asks for that layer, in blocks of rows whose heads are fused at once
+(grouped-query heads repeated): rollout walks the layers top-down holding one fused (B, n, n)
+layer at a time; flow and raw attention build the L·n² fused graph; the per-head maps never
+exist whole.
 
 It applies to models whose attention goes through the interface with queries, keys, a mask
 from transformers' mask functions and a scaling factor, and nothing else that changes the
@@ -57,8 +59,12 @@ def supports_lean(model: nn.Module) -> bool:
 
 
 class LeanCapture:
-    """What one call collects: the fused attention of each layer, in call order, written into one
-    (L, B, n, n) float32 buffer allocated when the first layer arrives (no copies)."""
+    """What one call collects: each attention layer's queries and keys (and mask), in call order.
+
+    Keeping them costs 2·n·H·d numbers per layer where the maps cost H·n², 2d/n as much (at
+    n = 4096 and d = 64, 1/32); :meth:`fused_layer` turns them into the layer's head-fused
+    probabilities when asked, one layer at a time.
+    """
 
     def __init__(self, num_layers: int, head_fusion: str, saved: str) -> None:
         self.num_layers = num_layers
@@ -67,19 +73,36 @@ class LeanCapture:
         # own implementation from the registry, or sdpa (equal up to rounding) for eager, whose
         # function lives in each model's own module.
         self.output_function = ALL_ATTENTION_FUNCTIONS.get(saved, sdpa_attention_forward)
-        self.fused: Tensor | None = None
-        self.count = 0
+        self.layers: list[tuple[Tensor, Tensor, Tensor | None, float, bool]] = []
 
-    def next_layer(self, batch: int, n: int, device: torch.device) -> Tensor:
-        if self.fused is None:
-            self.fused = torch.empty(self.num_layers, batch, n, n, dtype=torch.float32, device=device)
-        if self.count == self.num_layers:
+    def add(self, query: Tensor, key: Tensor, mask: Tensor | None, scaling: float, causal: bool) -> None:
+        if len(self.layers) == self.num_layers:
             raise ValueError(
                 f"the model ran more than its {self.num_layers} attention layers in one call; "
                 "explain it with lean=False (eager attention and stored maps)."
             )
-        self.count += 1
-        return self.fused[self.count - 1]
+        self.layers.append((query.detach(), key.detach(), None if mask is None else mask.detach(), scaling, causal))
+
+    @property
+    def complete(self) -> bool:
+        """Whether every layer of the model went through the lean attention function."""
+        return len(self.layers) == self.num_layers
+
+    @property
+    def causal(self) -> bool:
+        """Whether every layer attended causally: no query may see a later key."""
+        for query, _, mask, _, causal in self.layers:
+            if mask is None and not causal and query.shape[2] > 1:
+                return False
+            if mask is not None and bool(mask.bool().triu(1).any() if mask.dtype == torch.bool else (mask.triu(1) == 0).any()):
+                return False
+        return True
+
+    def fused_layer(self, index: int) -> Tensor:
+        """Head-fused attention probabilities (B, n, n) float32 of layer ``index``."""
+        query, key, mask, scaling, causal = self.layers[index]
+        out = torch.empty(query.shape[0], query.shape[2], key.shape[2], dtype=torch.float32, device=query.device)
+        return fused_probabilities(query, key, mask, scaling, causal, self.head_fusion, out)
 
 
 _CAPTURES: "weakref.WeakKeyDictionary[nn.Module, _Capture]" = weakref.WeakKeyDictionary()
@@ -100,8 +123,7 @@ def _lean_attention(
     output = capture.output_function(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     causal = attention_mask is None and query.shape[2] > 1 and kwargs.get("is_causal", getattr(module, "is_causal", True))
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
-    out = capture.next_layer(query.shape[0], query.shape[2], query.device)
-    fused_probabilities(query, key, attention_mask, scale, bool(causal), capture.head_fusion, out)
+    capture.add(query, key, attention_mask, scale, bool(causal))
     return output[0], None
 
 
@@ -123,15 +145,20 @@ def fused_probabilities(
     block = max(1, _BLOCK_BYTES // (4 * batch * heads * key.shape[2]))
     for start in range(0, n, block):
         stop = min(n, start + block)
-        scores = (query[:, :, start:stop].float() @ keys) * scaling
+        # In place after the product: one (B, H, rows, n) block alive at a time.
+        scores = torch.matmul(query[:, :, start:stop].float(), keys).mul_(scaling)
         if mask is not None:
             rows = mask[..., start:stop, :]
-            scores = scores.masked_fill(~rows, float("-inf")) if rows.dtype == torch.bool else scores + rows.float()
+            if rows.dtype == torch.bool:
+                scores.masked_fill_(~rows, float("-inf"))
+            else:
+                scores.add_(rows.float())
         elif causal:
             later = torch.ones(stop - start, key.shape[2], dtype=torch.bool, device=query.device).triu(start + 1)
-            scores = scores.masked_fill(later, float("-inf"))
-        probabilities = torch.softmax(scores, dim=-1).nan_to_num(0.0)
-        out[:, start:stop] = fuse_heads(probabilities, head_fusion)
+            scores.masked_fill_(later, float("-inf"))
+        scores.sub_(scores.amax(-1, keepdim=True)).exp_()
+        scores.div_(scores.sum(-1, keepdim=True)).nan_to_num_(0.0)  # a row with no allowed key: 0
+        out[:, start:stop] = fuse_heads(scores, head_fusion)
     return out
 
 
@@ -146,8 +173,8 @@ def _register() -> None:
 def lean_capture(model: PreTrainedModel, head_fusion: str = "mean") -> Iterator[LeanCapture]:
     """Context manager: a call of ``model`` inside the block collects each layer's head-fused attention.
 
-    Yields the :class:`LeanCapture` whose ``fused`` (L, B, n, n) float32 fills with one matrix
-    per attention layer, in call order (L = ``config.num_hidden_layers``). The model's attention implementation (every config and sub-config) is switched for
+    Yields the :class:`LeanCapture` that collects the queries and keys of each attention layer,
+    in call order (L = ``config.num_hidden_layers`` of them). The model's attention implementation (every config and sub-config) is switched for
     the block and restored exactly afterwards, also when the call raises; the model is locked
     against other threads for the block.
     """
