@@ -273,6 +273,9 @@ def _add_adversarial(commands: argparse._SubParsersAction) -> None:
     adversarial.add_argument(
         "--per-instance-examples", type=_positive, default=32, help="examples of the per-instance adversary (default: 32)"
     )
+    adversarial.add_argument(
+        "--per-instance-steps", type=_positive, default=60, help="optimisation steps of the per-instance adversary (default: 60)"
+    )
     adversarial.add_argument("--epsilon", type=float, default=0.01, help="TVD bound of the per-instance adversary (default: 0.01)")
     adversarial.add_argument("--seed", type=int, default=0, help="seed of data, initialisation and order (default: 0)")
     adversarial.add_argument(
@@ -300,6 +303,7 @@ def _adversarial(args: argparse.Namespace) -> int:
             train_steps=args.train_steps,
             adversary_steps=args.adversary_steps,
             per_instance_examples=args.per_instance_examples,
+            per_instance_steps=args.per_instance_steps,
             epsilon=args.epsilon,
             seed=args.seed,
             progress=not args.no_progress,

@@ -227,8 +227,9 @@ def run_study(
 
     Example::
 
-        >>> result = run_study(models=("yang",), lambdas=(0.0, 1.0), train_examples=128, test_examples=32,
-        ...     train_steps=20, adversary_steps=5, per_instance_examples=4, per_instance_steps=3, progress=False)
+        >>> result = run_study(models=("yang",), lambdas=(0.0, 1.0), train_examples=32, test_examples=8,
+        ...     batch_size=8, train_steps=4, adversary_steps=2, per_instance_examples=2, per_instance_steps=2,
+        ...     progress=False)  # a smoke run; the defaults are the study
         >>> [row.name for row in result.families[0].rows]
         ['original', 'adversarial', 'adversarial', 'other seed', 'uniform']
     """
