@@ -16,6 +16,7 @@ NOTEBOOKS = [
     "02_comparing_methods.ipynb",
     "03_pretrained_minilm.ipynb",
     "04_gpu_batching_long_inputs.ipynb",
+    "06_adversarial_attention.ipynb",
 ]
 
 

@@ -274,7 +274,7 @@ def _add_adversarial(commands: argparse._SubParsersAction) -> None:
         "--per-instance-examples", type=_positive, default=32, help="examples of the per-instance adversary (default: 32)"
     )
     adversarial.add_argument(
-        "--per-instance-steps", type=_positive, default=60, help="optimisation steps of the per-instance adversary (default: 60)"
+        "--per-instance-steps", type=_positive, default=100, help="optimisation steps of the per-instance adversary (default: 100)"
     )
     adversarial.add_argument("--epsilon", type=float, default=0.01, help="TVD bound of the per-instance adversary (default: 0.01)")
     adversarial.add_argument("--seed", type=int, default=0, help="seed of data, initialisation and order (default: 0)")

@@ -50,8 +50,9 @@ def per_instance_adversary(
     head: int | None = None,
     epsilon: float = 0.01,
     steps: int = 100,
-    lr: float = 0.1,
+    lr: float = 1.0,
     penalty: float = 50.0,
+    init_scale: float = 3.0,
 ) -> PerInstanceResult:
     """Jain & Wallace's adversarial attention for every example of ``batch`` (module docstring).
 
@@ -66,6 +67,8 @@ def per_instance_adversary(
         steps: Adam steps on the attention logits.
         lr: their learning rate.
         penalty: weight :math:`c` of the constraint violation.
+        init_scale: standard deviation of the Gaussian noise added to the original's log
+            attention to start the search.
 
     Returns:
         PerInstanceResult
@@ -108,7 +111,9 @@ def per_instance_adversary(
         keys = batch["attention_mask"].bool()[:, None, None, :]
         queries = batch["attention_mask"].bool()[:, None, :].expand(target.shape[:-1])
         predictions = task.prediction_mask(batch)
-        logits = (target.clamp_min(1e-6).log() + 0.01 * torch.randn_like(target)).requires_grad_(True)
+        # The JSD has zero gradient where the two attentions are equal: start from a random
+        # perturbation of the original instead (Jain & Wallace start from random attention).
+        logits = (target.clamp_min(1e-6).log() + init_scale * torch.randn_like(target)).requires_grad_(True)
         optimizer = torch.optim.Adam([logits], lr=lr)
         best_jsd = torch.zeros(target.shape[0])
         best_tvd = torch.zeros(target.shape[0])

@@ -197,7 +197,7 @@ def run_study(
     adversary_steps: int = 80,
     lr: float = 2e-3,
     per_instance_examples: int = 32,
-    per_instance_steps: int = 60,
+    per_instance_steps: int = 100,
     epsilon: float = 0.01,
     attribution_batches: int = 1,
     seed: int = 0,
