@@ -76,3 +76,10 @@ def test_errors_name_the_fix():
 def test_docstring_examples_run():
     results = doctest.testmod(importlib.import_module("captum_attnflow.adversarial.metrics"))
     assert results.attempted > 0 and results.failed == 0
+
+
+def test_jsd_gradient_is_finite_at_zeros():
+    p = torch.tensor([0.5, 0.5, 0.0])
+    logits = torch.tensor([1.0, 0.0, -float("inf")], requires_grad=True)
+    jsd(p, logits.softmax(-1)).backward()
+    assert torch.isfinite(logits.grad[:2]).all()

@@ -271,6 +271,10 @@ def _add_adversarial(commands: argparse._SubParsersAction) -> None:
     )
     adversarial.add_argument("--adversary-steps", type=_positive, default=80, help="steps of each adversary (default: 80)")
     adversarial.add_argument(
+        "--agreement-steps", type=_positive, default=600,
+        help="steps of the agreement classifiers trained from scratch: other seed, uniform (default: 600)",
+    )
+    adversarial.add_argument(
         "--per-instance-examples", type=_positive, default=32, help="examples of the per-instance adversary (default: 32)"
     )
     adversarial.add_argument(
@@ -302,6 +306,7 @@ def _adversarial(args: argparse.Namespace) -> int:
             batch_size=args.batch_size,
             train_steps=args.train_steps,
             adversary_steps=args.adversary_steps,
+            agreement_steps=args.agreement_steps,
             per_instance_examples=args.per_instance_examples,
             per_instance_steps=args.per_instance_steps,
             epsilon=args.epsilon,

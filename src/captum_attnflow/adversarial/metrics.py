@@ -59,9 +59,19 @@ def jsd(p: Tensor, q: Tensor, mask: Tensor | None = None) -> Tensor:
     """
     _check(p, q, mask)
     m = (p + q) / 2
-    value = 0.5 * (torch.xlogy(p, p) - torch.xlogy(p, m)).sum(-1) + 0.5 * (torch.xlogy(q, q) - torch.xlogy(q, m)).sum(-1)
+    value = 0.5 * (_plogp_over(p, m) + _plogp_over(q, m)).sum(-1)
     # Rounding can leave -1e-8 for equal distributions; the divergence is non-negative.
     return _masked(value.clamp_min(0.0), mask)
+
+
+def _plogp_over(p: Tensor, m: Tensor) -> Tensor:
+    """:math:`p \\ln(p / m)` with :math:`m \\ge p / 2`, 0 where :math:`p = 0`, with finite gradients there too.
+
+    ``xlogy`` would give the value but a NaN gradient at 0 (its derivative is ``log 0``), and an
+    optimised attention (per-instance adversary) has exact zeros on padding.
+    """
+    tiny = torch.finfo(p.dtype).tiny
+    return p * (p.clamp_min(tiny).log() - m.clamp_min(tiny).log())
 
 
 def tvd(p: Tensor, q: Tensor, mask: Tensor | None = None) -> Tensor:

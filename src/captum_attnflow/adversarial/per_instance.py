@@ -10,8 +10,9 @@ where :math:`\\overline{\\mathrm{JSD}}` averages over the replaced heads and rea
 the TVD is the prediction's (for a tagger: the largest over its words). :math:`\\tilde\\alpha`
 is a softmax of free logits over the real keys, so its rows are distributions; the
 constraint enters as a penalty :math:`c \\cdot \\max(0, \\mathrm{TVD} - \\epsilon)` and each
-example keeps the most divergent attention found that satisfies it (the unchanged attention
-does, so every example has one). The attention is put into the model with
+example keeps the most divergent attention found that satisfies it; a final bisection along
+the mixture of the original and the last iterate finds a feasible attention with positive
+JSD where the search ended outside the constraint. The attention is put into the model with
 :func:`~captum_attnflow.hf.attention_injection.inject_attention`; the model is unchanged.
 """
 
@@ -25,6 +26,8 @@ from torch import Tensor, nn
 from captum_attnflow.adversarial.metrics import jsd, tvd
 from captum_attnflow.adversarial.tasks import Batch, Task, forward
 from captum_attnflow.hf.attention_injection import inject_attention
+
+_BISECTIONS = 10
 
 
 @dataclass
@@ -115,11 +118,9 @@ def per_instance_adversary(
         # perturbation of the original instead (Jain & Wallace start from random attention).
         logits = (target.clamp_min(1e-6).log() + init_scale * torch.randn_like(target)).requires_grad_(True)
         optimizer = torch.optim.Adam([logits], lr=lr)
-        best_jsd = torch.zeros(target.shape[0])
-        best_tvd = torch.zeros(target.shape[0])
-        best = target.clone()
-        for _ in range(steps + 1):
-            attention = logits.masked_fill(~keys, float("-inf")).softmax(-1)
+
+        def evaluate(attention: Tensor) -> tuple[Tensor, Tensor]:
+            """(B,) prediction TVD and mean attention JSD with ``attention`` in place of the original's."""
 
             def replace(index: int, w: Tensor) -> Tensor:
                 if index != layer:
@@ -131,16 +132,40 @@ def per_instance_adversary(
             with inject_attention(model, replace):
                 probabilities = task.probabilities(forward(model, batch).logits)
             distance = tvd(original, probabilities, predictions).amax(-1)
-            divergence = jsd(target, attention, queries).sum((-1, -2)) / queries.sum((-1, -2))
+            return distance, jsd(target, attention, queries).sum((-1, -2)) / queries.sum((-1, -2))
+
+        best_jsd = torch.zeros(target.shape[0])
+        best_tvd = torch.zeros(target.shape[0])
+        best = target.clone()
+
+        def keep_best(attention: Tensor, distance: Tensor, divergence: Tensor) -> None:
+            better = (distance <= epsilon) & (divergence > best_jsd)
+            best_jsd.copy_(torch.where(better, divergence, best_jsd))
+            best_tvd.copy_(torch.where(better, distance, best_tvd))
+            best[better] = attention[better]
+
+        for _ in range(steps):
+            attention = logits.masked_fill(~keys, float("-inf")).softmax(-1)
+            distance, divergence = evaluate(attention)
             with torch.no_grad():
-                better = (distance <= epsilon) & (divergence > best_jsd)
-                best_jsd = torch.where(better, divergence, best_jsd)
-                best_tvd = torch.where(better, distance, best_tvd)
-                best[better] = attention[better]
+                keep_best(attention, distance, divergence)
             loss = (-divergence + penalty * (distance - epsilon).clamp_min(0)).sum()
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
+        # Where the search ended outside the constraint, walk back towards the original along
+        # the mixture (1 - t) alpha + t alpha_found (still distributions), bisecting on t: the
+        # JSD grows with t and the prediction is continuous in it, so a feasible t > 0 exists.
+        with torch.no_grad():
+            found = logits.masked_fill(~keys, float("-inf")).softmax(-1)
+            low, high = torch.zeros(target.shape[0]), torch.ones(target.shape[0])
+            for _ in range(_BISECTIONS):
+                t = ((low + high) / 2)[:, None, None, None]
+                mixture = (1 - t) * target + t * found
+                distance, divergence = evaluate(mixture)
+                keep_best(mixture, distance, divergence)
+                feasible = distance <= epsilon
+                low, high = torch.where(feasible, t.flatten(), low), torch.where(feasible, high, t.flatten())
     finally:
         for parameter, flag in zip(model.parameters(), model_grad):
             parameter.requires_grad_(flag)

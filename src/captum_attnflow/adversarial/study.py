@@ -195,6 +195,7 @@ def run_study(
     batch_size: int = 32,
     train_steps: int = 150,
     adversary_steps: int = 80,
+    agreement_steps: int = 600,
     lr: float = 2e-3,
     per_instance_examples: int = 32,
     per_instance_steps: int = 100,
@@ -211,9 +212,11 @@ def run_study(
             (the bundled classifier, or ``agreement_model``).
         lambdas: the :math:`\\lambda` grid of the global adversaries.
         train_examples, test_examples, batch_size: sizes of each task's data (generated).
-        train_steps: steps of every model trained from scratch (originals, other seed,
+        train_steps: steps of every tagger trained from scratch (originals, other seed,
             uniform, probes).
         adversary_steps: steps of each adversary (initialised at the original's weights).
+        agreement_steps: steps of the agreement classifiers trained from scratch (other seed,
+            uniform); the task needs more than chunking (the bundled model had 3000 of 64).
         lr: peak learning rate of the models trained from scratch; adversaries use half.
         per_instance_examples, per_instance_steps, epsilon: size, optimisation steps and TVD
             bound of the per-instance adversary.
@@ -248,6 +251,7 @@ def run_study(
             tasks[task_name] = (agreement_task if task_name == "agreement" else chunking_task)(**sizes)
         task = tasks[task_name]
         make = _factory(name)
+        scratch_steps = agreement_steps if name == "agreement" else train_steps
         if name == "agreement":
             original = copy_model(agreement_model if agreement_model is not None else load_agreement_model()[0]).eval()
         else:
@@ -257,10 +261,12 @@ def run_study(
         adversaries = adversarial_models(original, task, list(lambdas), adversary_steps, lr / 2, seed, progress)
         rows += [compare_models(original, model, task, "adversarial", lam) for lam, model in adversaries.items()]
         torch.manual_seed(seed + 1)
-        other = train(make(), task, train_steps, lr, seed + 1, progress=progress, desc=f"{name} other seed")
+        other = train(make(), task, scratch_steps, lr, seed + 1, progress=progress, desc=f"{name} other seed")
         rows.append(compare_models(original, other, task, "other seed"))
         torch.manual_seed(seed)
-        uniform = train(make(), task, train_steps, lr, seed, attention=uniform_attention, progress=progress, desc=f"{name} uniform")
+        uniform = train(
+            make(), task, scratch_steps, lr, seed, attention=uniform_attention, progress=progress, desc=f"{name} uniform"
+        )
         rows.append(compare_models(original, uniform, task, "uniform", attention=uniform_attention))
 
         found = []

@@ -152,7 +152,8 @@ def mean_attention_divergence(
         tensor([0.3466])
     """
     if metric is None:
-        metric = lambda p, q, mask: kl(p, q.clamp_min(_ATTENTION_FLOOR), mask)
+        # The floored q sums to slightly more than 1, so rounding can dip the KL below 0.
+        metric = lambda p, q, mask: kl(p, q.clamp_min(_ATTENTION_FLOOR), mask).clamp_min(0.0)
     rows = attention_mask.bool()[:, None, :]  # (B, 1, n): real queries
     values = []
     for p, q in zip(reference, other):
