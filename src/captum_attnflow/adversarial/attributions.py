@@ -22,10 +22,11 @@ from torch import Tensor, nn
 
 from captum_attnflow.adversarial.tasks import Batch, Task, forward
 from captum_attnflow.baselines import BlankOut
+from captum_attnflow.data.tokenizer import SPECIAL_TOKENS
 from captum_attnflow.evaluate import spearman
 from captum_attnflow.functional import flow, rollout
 
-UNK_ID = 1  # "[UNK]" of captum_attnflow.data.build_tokenizer, the paper's blank
+UNK_ID = SPECIAL_TOKENS.index("[UNK]")  # the paper's blank, in the tokenizer of both tasks
 
 
 def attention_scores(model: nn.Module, task: Task, batch: Batch) -> dict[str, Tensor]:

@@ -236,12 +236,12 @@ def run_study(
         >>> [row.name for row in result.families[0].rows]
         ['original', 'adversarial', 'adversarial', 'other seed', 'uniform']
     """
+    settings = {key: value for key, value in locals().items() if key not in ("progress", "agreement_model")}
     unknown = set(models) - set(MODELS)
     if unknown or not models:
         raise ValueError(f"models must be a non-empty selection of {sorted(MODELS)}, got {list(models)}.")
     if not lambdas or any(lam < 0 for lam in lambdas):
         raise ValueError(f"lambdas must be a non-empty list of values >= 0, got {list(lambdas)}.")
-    settings = {key: value for key, value in locals().items() if key not in ("progress", "agreement_model")}
     sizes = dict(train_examples=train_examples, test_examples=test_examples, batch_size=batch_size, seed=seed)
     tasks: dict[str, Task] = {}
     families = []
