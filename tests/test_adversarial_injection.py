@@ -8,12 +8,19 @@ import importlib
 
 import pytest
 import torch
+import transformers
 
 from captum_attnflow import eager_attention
 from captum_attnflow.hf.attention_injection import inject_attention
 from captum_attnflow.models.tagger import TaggerModel, yang_tagger_config
-from conftest import make_tiny_model
 
+TINY = dict(vocab_size=60, hidden_size=32, num_attention_heads=4, intermediate_size=64, num_hidden_layers=2)
+MODELS = {
+    "bert": lambda: transformers.BertModel(transformers.BertConfig(**TINY)),
+    "gpt2": lambda: transformers.GPT2Model(transformers.GPT2Config(vocab_size=60, n_embd=32, n_head=4, n_layer=2)),
+    # grouped-query attention: 4 query heads share 2 key/value heads
+    "llama": lambda: transformers.LlamaModel(transformers.LlamaConfig(num_key_value_heads=2, pad_token_id=0, **TINY)),
+}
 IDS = torch.tensor([[2, 10, 11, 12, 13], [2, 14, 15, 0, 0]])
 MASK = (IDS != 0).long()
 
@@ -24,7 +31,9 @@ def keep(layer, weights):
 
 @pytest.mark.parametrize("arch", ["tagger", "bert", "gpt2", "llama"])
 def test_identity_replacement_is_eager_attention(arch):
-    model = TaggerModel(yang_tagger_config(num_hidden_layers=2)).eval() if arch == "tagger" else make_tiny_model(arch)
+    torch.manual_seed(0)
+    model = TaggerModel(yang_tagger_config(num_hidden_layers=2)) if arch == "tagger" else MODELS[arch]()
+    model.eval()
     with eager_attention(model):
         expected = model(IDS, attention_mask=MASK, output_attentions=True)
     seen = []

@@ -96,6 +96,7 @@ def compare_models(
 def adversarial_models(
     original: nn.Module, task: Task, lambdas: list[float], steps: int, lr: float = 1e-3, seed: int = 0,
     progress: bool = True,
+    name: str = "adversary",
 ) -> dict[float, nn.Module]:
     """One adversary per :math:`\\lambda`, each initialised at the original's weights and trained ``steps`` steps.
 
@@ -105,6 +106,7 @@ def adversarial_models(
         lambdas: the grid, e.g. ``[0, 0.2, 0.5, 1, 2, 3]``.
         steps, lr, seed: as :func:`~captum_attnflow.adversarial.training.train`.
         progress: progress bars.
+        name: label of the progress bars.
 
     Returns:
         dict from :math:`\\lambda` to the trained adversary (eager attention, eval mode).
@@ -112,7 +114,7 @@ def adversarial_models(
     reference = copy_model(original).requires_grad_(False)
     return {
         lam: train(copy_model(original).requires_grad_(True), task, steps, lr, seed, original=reference, lam=lam,
-                   progress=progress, desc=f"{task.name} adversary lambda={lam:g}")
+                   progress=progress, desc=f"{name} lambda={lam:g}")
         for lam in lambdas
     }
 

@@ -258,7 +258,9 @@ def run_study(
             torch.manual_seed(seed)
             original = train(make(), task, train_steps, lr, seed, progress=progress, desc=f"{name} original")
         rows = [compare_models(original, original, task, "original")]
-        adversaries = adversarial_models(original, task, list(lambdas), adversary_steps, lr / 2, seed, progress)
+        adversaries = adversarial_models(
+            original, task, list(lambdas), adversary_steps, lr / 2, seed, progress, f"{name} adversary"
+        )
         rows += [compare_models(original, model, task, "adversarial", lam) for lam, model in adversaries.items()]
         torch.manual_seed(seed + 1)
         other = train(make(), task, scratch_steps, lr, seed + 1, progress=progress, desc=f"{name} other seed")
