@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from captum_attnflow.adversarial.metrics import jsd, tvd
 from captum_attnflow.adversarial.tasks import AttentionSource, Task, forward
