@@ -17,6 +17,7 @@ NOTEBOOKS = [
     "03_pretrained_minilm.ipynb",
     "04_gpu_batching_long_inputs.ipynb",
     "05_generation.ipynb",
+    "06_adversarial_attention.ipynb",
 ]
 
 

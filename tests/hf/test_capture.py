@@ -215,8 +215,9 @@ def test_callable_returning_no_attentions_is_an_error(returned):
 
 def test_hf_model_that_cannot_return_attentions_is_an_error():
     model = make_tiny_model("bert")
-    # a model pinned to sdpa: switching to eager is refused, so no attentions come back
-    model._can_set_attn_implementation = lambda: False
+    hidden = torch.zeros(2, 6, 32)
+    # a model whose forward ignores output_attentions: no attentions come back
+    model.forward = lambda *args, **kwargs: transformers.modeling_outputs.BaseModelOutput(last_hidden_state=hidden)
     with pytest.raises(ValueError, match="the model returned no attentions"):
         extract_attentions(model, IDS)
     assert model.config._attn_implementation == "sdpa"

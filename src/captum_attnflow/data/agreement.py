@@ -127,19 +127,7 @@ def generate_examples(
         >>> example.words[example.subject_index] in {n for pair in NOUNS for n in pair}
         True
     """
-    if not isinstance(num_examples, int) or num_examples < 0:
-        raise ValueError(f"num_examples must be a non-negative int, got {num_examples!r}.")
-    if max_attractors not in (0, 1, 2, 3):
-        raise ValueError(f"max_attractors must be 0, 1, 2 or 3, got {max_attractors!r}.")
-    if split not in ("train", "test"):
-        raise ValueError(f"split must be 'train' or 'test', got {split!r}.")
-    rng = random.Random(seed)
-    examples = []
-    while len(examples) < num_examples:
-        example = _example(rng, rng.randint(0, max_attractors))
-        if is_held_out(example.words) == (split == "test"):
-            examples.append(example)
-    return examples
+    return [example for example, _ in _generate(num_examples, seed, max_attractors, split)]
 
 
 def is_held_out(words: list[str]) -> bool:
@@ -181,6 +169,13 @@ def vocabulary() -> list[str]:
     return list(dict.fromkeys(words))
 
 
+class _Chunk:
+    """Marks where a chunk (``"NP"``, ``"PP"``, ...) starts among the parts; ``"O"`` starts words outside any chunk."""
+
+    def __init__(self, label: str):
+        self.label = label
+
+
 class _Noun:
     """A noun slot whose number is decided after the sentence's shape is known."""
 
@@ -189,7 +184,26 @@ class _Noun:
         self.number = SINGULAR
 
 
-def _example(rng: random.Random, num_attractors: int) -> AgreementExample:
+def _generate(
+    num_examples: int, seed: int, max_attractors: int, split: str
+) -> list[tuple[AgreementExample, tuple[str, ...]]]:
+    """The examples of :func:`generate_examples`, each with its BIO chunk tags, one per word."""
+    if not isinstance(num_examples, int) or num_examples < 0:
+        raise ValueError(f"num_examples must be a non-negative int, got {num_examples!r}.")
+    if max_attractors not in (0, 1, 2, 3):
+        raise ValueError(f"max_attractors must be 0, 1, 2 or 3, got {max_attractors!r}.")
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}.")
+    rng = random.Random(seed)
+    examples = []
+    while len(examples) < num_examples:
+        example, tags = _tagged_example(rng, rng.randint(0, max_attractors))
+        if is_held_out(example.words) == (split == "test"):
+            examples.append((example, tags))
+    return examples
+
+
+def _tagged_example(rng: random.Random, num_attractors: int) -> tuple[AgreementExample, tuple[str, ...]]:
     # Rejection sampling: draw shapes until one has enough non-subject nouns for the attractors.
     while True:
         parts = _sentence_shape(rng)
@@ -204,9 +218,19 @@ def _example(rng: random.Random, num_attractors: int) -> AgreementExample:
     subject.number = label
 
     words: list[str] = []
+    tags: list[str] = []
+    chunk, chunk_start = "O", True
     subject_index, attractor_indices = -1, []
     nouns = {}
     for part in parts:
+        if isinstance(part, _Chunk):
+            chunk, chunk_start = part.label, True
+            continue
+        if chunk == "O":
+            tags.append("O")
+        else:
+            tags.append(("B-" if chunk_start else "I-") + chunk)
+            chunk_start = False
         if isinstance(part, _Noun):
             nouns[id(part)] = rng.randrange(len(NOUNS))
             if part.is_subject:
@@ -222,7 +246,7 @@ def _example(rng: random.Random, num_attractors: int) -> AgreementExample:
                 words.append(rng.choice(VERBS if kind == "verb" else SAY_VERBS)[noun.number])
         else:
             words.append(part)
-    return AgreementExample(words, label, subject_index, tuple(attractor_indices))
+    return AgreementExample(words, label, subject_index, tuple(attractor_indices)), tuple(tags)
 
 
 def _determiner(rng: random.Random, noun: _Noun) -> str:
@@ -233,11 +257,11 @@ def _determiner(rng: random.Random, noun: _Noun) -> str:
 
 def _noun_phrase(rng: random.Random, noun: _Noun) -> list:
     adjective = [rng.choice(ADJECTIVES)] if rng.random() < 0.3 else []
-    return [("det", noun), *adjective, noun]
+    return [_Chunk("NP"), ("det", noun), *adjective, noun]
 
 
 def _prepositional_phrase(rng: random.Random, depth: int) -> list:
-    phrase = [rng.choice(PREPOSITIONS), *_noun_phrase(rng, _Noun())]
+    phrase = [_Chunk("PP"), rng.choice(PREPOSITIONS), *_noun_phrase(rng, _Noun())]
     if depth > 1 and rng.random() < 0.4:
         phrase += _prepositional_phrase(rng, depth - 1)
     return phrase
@@ -247,23 +271,25 @@ def _relative_clause(rng: random.Random, head: _Noun) -> list:
     if rng.random() < 0.5:
         inner = _Noun()
         pp = _prepositional_phrase(rng, 1) if rng.random() < 0.4 else []
-        return [COMPLEMENTIZER, *_noun_phrase(rng, inner), *pp, ("verb", inner)]
-    return [COMPLEMENTIZER, ("verb", head), *_noun_phrase(rng, _Noun())]
+        return [_Chunk("SBAR"), COMPLEMENTIZER, *_noun_phrase(rng, inner), *pp, _Chunk("VP"), ("verb", inner)]
+    return [_Chunk("SBAR"), COMPLEMENTIZER, _Chunk("VP"), ("verb", head), *_noun_phrase(rng, _Noun())]
 
 
 def _sentence_shape(rng: random.Random) -> list:
-    """Words (str), nouns (:class:`_Noun`) and number-dependent slots (``(kind, noun)``)."""
+    """Words (str), nouns (:class:`_Noun`), number-dependent slots (``(kind, noun)``) and chunk starts (:class:`_Chunk`)."""
     subject = _Noun(is_subject=True)
     roll = rng.random()
     if roll < 0.45:
         prefix = []
     elif roll < 0.6:
-        prefix = list(rng.choice(ADVERBS))
+        adverb = rng.choice(ADVERBS)
+        # "of course ," and "in fact ,": the comma is outside the adverb phrase.
+        prefix = [_Chunk("ADVP"), *adverb[:2], _Chunk("O"), *adverb[2:]]
     elif roll < 0.8:
-        prefix = [*_prepositional_phrase(rng, 1), ","]
+        prefix = [*_prepositional_phrase(rng, 1), _Chunk("O"), ","]
     else:
         speaker = _Noun()
-        prefix = [*_noun_phrase(rng, speaker), ("say", speaker), COMPLEMENTIZER]
+        prefix = [*_noun_phrase(rng, speaker), _Chunk("VP"), ("say", speaker), _Chunk("SBAR"), COMPLEMENTIZER]
     roll = rng.random()
     if roll < 0.15:
         modifier = []

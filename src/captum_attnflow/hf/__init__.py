@@ -6,6 +6,7 @@ hooks; one call at a time per model). The other packages use the names exported 
 this package's modules directly.
 """
 
+from captum_attnflow.hf.attention_injection import inject_attention
 from captum_attnflow.hf.capture import attentions_of, capture_graph, extract_attentions
 from captum_attnflow.hf.inputs import (
     as_tuple,
@@ -17,7 +18,7 @@ from captum_attnflow.hf.inputs import (
 from captum_attnflow.hf.models import check_device, hf_models, main_model, outermost, owning_module
 from captum_attnflow.hf.seq2seq import Seq2SeqAttentions, seq2seq_attentions
 from captum_attnflow.hf.scores import ScoreForward, class_scores, input_embeddings, token_id
-from captum_attnflow.hf.state import eager_attention, exclusive, implementation, model_call, unchanged
+from captum_attnflow.hf.state import eager_attention, exclusive, hooks_restored, implementation, model_call, unchanged
 
 __all__ = [
     "ScoreForward",
@@ -33,7 +34,9 @@ __all__ = [
     "exclusive",
     "extract_attentions",
     "hf_models",
+    "hooks_restored",
     "implementation",
+    "inject_attention",
     "input_embeddings",
     "main_model",
     "model_call",

@@ -39,8 +39,8 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from captum_attnflow.functional.graph import fuse_heads
-from captum_attnflow.hf.models import configs, hf_models
-from captum_attnflow.hf.state import exclusive
+from captum_attnflow.hf.models import hf_models
+from captum_attnflow.hf.state import exclusive, implementation
 
 LEAN_MODEL_TYPES = frozenset(
     {"bert", "roberta", "xlm-roberta", "distilbert", "gpt2", "llama", "mistral", "qwen2", "vit", "deit",
@@ -180,19 +180,13 @@ def lean_capture(model: PreTrainedModel, head_fusion: str = "mean") -> Iterator[
     """
     _register()
     with exclusive(model):
-        found = configs(hf_models(model))
-        saved = {key: config._attn_implementation for key, config in found.items()}
         capture = LeanCapture(model.config.num_hidden_layers, head_fusion, model.config._attn_implementation)
         modules = list(model.modules())
         try:
             for module in modules:
                 _CAPTURES[module] = capture
-            for config in found.values():
-                config._attn_implementation_internal = _NAME
-            yield capture
+            with implementation(model, _NAME):
+                yield capture
         finally:
-            for key, config in found.items():
-                config._attn_implementation_internal = saved[key]
             for module in modules:
                 _CAPTURES.pop(module, None)
-

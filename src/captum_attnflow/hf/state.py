@@ -17,7 +17,7 @@ from typing import Any, Iterator
 
 from torch import nn
 
-from captum_attnflow.hf.models import configs, hf_models, outermost, owning_module
+from captum_attnflow.hf.models import configs, hf_models, owning_module
 
 
 @contextlib.contextmanager
@@ -57,20 +57,20 @@ def eager_attention(module: nn.Module) -> Iterator[None]:
 @contextlib.contextmanager
 def implementation(module: nn.Module, name: str) -> Iterator[None]:
     """Every Hugging Face model inside ``module`` uses the attention implementation ``name``
-    (a built-in one or one registered with ``transformers.AttentionInterface``); restored on exit."""
+    (a built-in one or one registered with ``transformers.AttentionInterface``) for the block.
+
+    Written into every config and sub-config (models read ``config._attn_implementation`` at
+    each forward) and restored to each one's own value on exit, also when the block raises.
+    """
     with exclusive(module):
         # Read under the lock: another thread's call may have switched the model a moment ago.
         found = configs(hf_models(module))
-        saved = {key: config._attn_implementation for key, config in found.items()}
+        saved = {key: config._attn_implementation_internal for key, config in found.items()}
         try:
-            for model in outermost(hf_models(module)):
-                if model.config._attn_implementation != name:
-                    model.set_attn_implementation(name)
+            for config in found.values():
+                config._attn_implementation_internal = name
             yield
         finally:
-            # set_attn_implementation re-resolves sub-configs from the top-level request, which
-            # could differ from what each sub-model had; writing back each config's own value
-            # restores exactly what was there.
             for key, config in found.items():
                 config._attn_implementation_internal = saved[key]
 
@@ -88,31 +88,42 @@ _HOOKS_INSTALLED = "_output_capturing_hooks_installed"
 @contextlib.contextmanager
 def unchanged(module: nn.Module) -> Iterator[None]:
     """Run the block with ``module`` in eval mode, alone; restore modes, forward hooks and the
-    output-capturing flag on exit.
-
-    The first time a transformers 5 model is asked for attentions it installs output-capturing
-    hooks on its layers and keeps them (flagged by ``_output_capturing_hooks_installed``); the
-    user's model must come back with exactly the hooks it had, also after an exception.
-    """
-    with exclusive(module):
+    output-capturing flag on exit (:func:`hooks_restored`)."""
+    with exclusive(module), hooks_restored(module):
         modules = list(module.modules())
         modes = [m.training for m in modules]
-        hooks = [{name: set(getattr(m, name, {})) for name in _HOOK_DICTS} for m in modules]
-        flags = [m.__dict__.get(_HOOKS_INSTALLED) for m in modules]
         module.eval()
         try:
             yield
         finally:
-            for m, mode, before, flag in zip(modules, modes, hooks, flags):
+            for m, mode in zip(modules, modes):
                 m.training = mode
-                for name, keys in before.items():
-                    added = getattr(m, name, {})
-                    for key in [key for key in added if key not in keys]:
-                        del added[key]
-                if flag is None:
-                    m.__dict__.pop(_HOOKS_INSTALLED, None)
-                else:
-                    m.__dict__[_HOOKS_INSTALLED] = flag
+
+
+@contextlib.contextmanager
+def hooks_restored(module: nn.Module) -> Iterator[None]:
+    """On exit, every submodule of ``module`` has exactly the forward hooks and output-capturing
+    flag it had on entry, also when the block raises.
+
+    The first time a transformers 5 model is asked for attentions it installs output-capturing
+    hooks on its layers and keeps them (flagged by ``_output_capturing_hooks_installed``); the
+    user's model must come back with exactly the hooks it had.
+    """
+    modules = list(module.modules())
+    hooks = [{name: set(getattr(m, name, {})) for name in _HOOK_DICTS} for m in modules]
+    flags = [m.__dict__.get(_HOOKS_INSTALLED) for m in modules]
+    try:
+        yield
+    finally:
+        for m, before, flag in zip(modules, hooks, flags):
+            for name, keys in before.items():
+                added = getattr(m, name, {})
+                for key in [key for key in added if key not in keys]:
+                    del added[key]
+            if flag is None:
+                m.__dict__.pop(_HOOKS_INSTALLED, None)
+            else:
+                m.__dict__[_HOOKS_INSTALLED] = flag
 
 
 _LOCKS: "weakref.WeakKeyDictionary[nn.Module, threading.RLock]" = weakref.WeakKeyDictionary()

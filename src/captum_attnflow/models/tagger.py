@@ -1,0 +1,145 @@
+"""Transformer chunk taggers: the bundled model's encoder with a per-token head.
+
+Yang ("Is attention points out the only path?", section 4.1) tags chunks with a one-layer,
+four-head transformer encoder without a causal mask, its per-token outputs going through a
+linear layer and a softmax. :func:`yang_tagger_config` is that setting at hidden size 64;
+:class:`TaggerConfig`'s defaults are the bundled agreement model's architecture (6 layers,
+8 heads, 128 wide, paper section 2). Both run the same non-causal GPT-2 blocks as
+:class:`~captum_attnflow.models.AgreementModel`, so every attention implementation, the
+attention-capturing helpers and :func:`captum_attnflow.hf.attention_injection.inject_attention`
+work on them unchanged.
+"""
+
+from __future__ import annotations
+
+import torch
+from huggingface_hub.dataclasses import strict
+from torch import Tensor, nn
+from transformers.masking_utils import create_bidirectional_mask
+from transformers.modeling_outputs import TokenClassifierOutput
+from transformers.utils.output_capturing import capture_outputs
+
+from captum_attnflow.data.chunking import CHUNK_TAGS, IGNORE_INDEX
+from captum_attnflow.models.agreement import AgreementConfig, AgreementModel
+
+
+@strict
+class TaggerConfig(AgreementConfig):
+    """Configuration of :class:`TaggerModel`: :class:`~captum_attnflow.models.AgreementConfig`'s
+    fields, with ``num_labels`` the number of chunk tags.
+
+    Args:
+        num_labels: tags per token, default ``len(CHUNK_TAGS)`` (8).
+        **kwargs: any :class:`~captum_attnflow.models.AgreementConfig` field (``num_hidden_layers``,
+            ``num_attention_heads``, ``hidden_size``, dropout rates, ...).
+
+    Example::
+
+        >>> config = TaggerConfig()
+        >>> config.num_hidden_layers, config.num_attention_heads, config.hidden_size, config.num_labels
+        (6, 8, 128, 8)
+    """
+
+    model_type = "captum_attnflow_tagger"
+
+    num_labels: int = len(CHUNK_TAGS)
+
+
+def yang_tagger_config(**kwargs) -> TaggerConfig:
+    """Yang's tagger (section 4.1): one layer, four heads, here 64 wide with 256-wide MLP.
+
+    Args:
+        **kwargs: overrides of any :class:`TaggerConfig` field.
+
+    Returns:
+        TaggerConfig
+
+    Example::
+
+        >>> config = yang_tagger_config()
+        >>> config.num_hidden_layers, config.num_attention_heads, config.hidden_size
+        (1, 4, 64)
+    """
+    return TaggerConfig(**{"num_hidden_layers": 1, "num_attention_heads": 4, "hidden_size": 64, **kwargs})
+
+
+class TaggerModel(AgreementModel):
+    """:class:`~captum_attnflow.models.AgreementModel`'s encoder with the classifier applied to every token.
+
+    Forward: token + position embeddings -> L non-causal GPT-2 blocks -> final LayerNorm ->
+    dropout -> linear layer, logits (B, n, num_labels) for every position.
+
+    Args:
+        config: a :class:`TaggerConfig`.
+
+    Example::
+
+        >>> model = TaggerModel(yang_tagger_config()).eval()
+        >>> model(torch.tensor([[2, 10, 11]])).logits.shape
+        torch.Size([1, 3, 8])
+    """
+
+    config_class = TaggerConfig
+    config: TaggerConfig
+    base_model_prefix = "tagger"
+
+    @capture_outputs
+    def forward(
+        self,
+        input_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        inputs_embeds: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        labels: Tensor | None = None,
+        **kwargs,
+    ) -> TokenClassifierOutput:
+        """Tag every token of ``[CLS] + words``.
+
+        Args:
+            input_ids: (B, n) token ids; or give ``inputs_embeds``.
+            attention_mask: (B, n), 1 for real tokens and 0 for (right) padding.
+            inputs_embeds: (B, n, hidden_size) token embeddings instead of ``input_ids``.
+            position_ids: (B, n) or (1, n) positions, default ``0..n-1``.
+            labels: (B, n) tag ids, ``-100`` where not scored ([CLS], padding); the loss is
+                their mean cross-entropy.
+            output_attentions: return the L attention maps (B, H, n, n) (eager attention only).
+
+        Returns:
+            :class:`~transformers.modeling_outputs.TokenClassifierOutput` with ``loss`` (when
+            ``labels`` is given), ``logits`` (B, n, num_labels) and ``attentions``.
+
+        Example::
+
+            >>> model = TaggerModel(yang_tagger_config(attn_implementation="eager")).eval()
+            >>> output = model(torch.tensor([[2, 10, 11]]), labels=torch.tensor([[-100, 1, 2]]),
+            ...     output_attentions=True)
+            >>> output.loss.shape, output.attentions[0].shape
+            (torch.Size([]), torch.Size([1, 4, 3, 3]))
+        """
+        kwargs.pop("output_attentions", None)
+        kwargs.pop("output_hidden_states", None)
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("give exactly one of input_ids (B, n) and inputs_embeds (B, n, hidden_size).")
+        if inputs_embeds is None:
+            if input_ids.dim() != 2:
+                raise ValueError(f"input_ids must be (B, n) token ids, got shape {tuple(input_ids.shape)}.")
+            inputs_embeds = self.wte(input_ids)
+        n = inputs_embeds.shape[1]
+        if n > self.config.max_position_embeddings:
+            raise ValueError(
+                f"the input has {n} tokens but the model has {self.config.max_position_embeddings} positions; "
+                "shorten the sentence."
+            )
+        if position_ids is None:
+            position_ids = torch.arange(n, device=inputs_embeds.device).unsqueeze(0)
+        hidden = self.drop(inputs_embeds + self.wpe(position_ids))
+        mask = create_bidirectional_mask(config=self.config, inputs_embeds=hidden, attention_mask=attention_mask)
+        for block in self.h:
+            hidden = block(hidden, attention_mask=mask, **kwargs)
+        logits = self.classifier(self.classifier_dropout(self.ln_f(hidden)))
+        loss = None
+        if labels is not None:
+            loss = nn.functional.cross_entropy(
+                logits.flatten(0, 1), labels.to(logits.device).flatten(), ignore_index=IGNORE_INDEX
+            )
+        return TokenClassifierOutput(loss=loss, logits=logits)
