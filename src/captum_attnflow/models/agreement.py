@@ -138,6 +138,45 @@ class AgreementModel(PreTrainedModel):
             std = self.config.initializer_range / (2 * self.config.num_hidden_layers) ** 0.5
             nn.init.normal_(module.c_proj.weight, mean=0.0, std=std)
 
+    def encode(
+        self,
+        input_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        inputs_embeds: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        **kwargs,
+    ) -> Tensor:
+        """The final, layer-normalised hidden states (B, n, hidden_size) of ``[CLS] + words``,
+        which the heads of this model and of the taggers read (arguments as in :meth:`forward`).
+
+        Example::
+
+            >>> model = AgreementModel(AgreementConfig(num_hidden_layers=2)).eval()
+            >>> model.encode(torch.tensor([[2, 10, 11]])).shape
+            torch.Size([1, 3, 128])
+        """
+        kwargs.pop("output_attentions", None)
+        kwargs.pop("output_hidden_states", None)
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("give exactly one of input_ids (B, n) and inputs_embeds (B, n, hidden_size).")
+        if inputs_embeds is None:
+            if input_ids.dim() != 2:
+                raise ValueError(f"input_ids must be (B, n) token ids, got shape {tuple(input_ids.shape)}.")
+            inputs_embeds = self.wte(input_ids)
+        n = inputs_embeds.shape[1]
+        if n > self.config.max_position_embeddings:
+            raise ValueError(
+                f"the input has {n} tokens but the model has {self.config.max_position_embeddings} positions; "
+                "shorten the sentence."
+            )
+        if position_ids is None:
+            position_ids = torch.arange(n, device=inputs_embeds.device).unsqueeze(0)
+        hidden = self.drop(inputs_embeds + self.wpe(position_ids))
+        mask = create_bidirectional_mask(config=self.config, inputs_embeds=hidden, attention_mask=attention_mask)
+        for block in self.h:
+            hidden = block(hidden, attention_mask=mask, **kwargs)
+        return self.ln_f(hidden)
+
     @capture_outputs
     def forward(
         self,
@@ -172,27 +211,7 @@ class AgreementModel(PreTrainedModel):
             >>> output.logits.shape, output.loss.shape, output.attentions
             (torch.Size([2, 2]), torch.Size([]), ())
         """
-        kwargs.pop("output_attentions", None)
-        kwargs.pop("output_hidden_states", None)
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("give exactly one of input_ids (B, n) and inputs_embeds (B, n, hidden_size).")
-        if inputs_embeds is None:
-            if input_ids.dim() != 2:
-                raise ValueError(f"input_ids must be (B, n) token ids, got shape {tuple(input_ids.shape)}.")
-            inputs_embeds = self.wte(input_ids)
-        n = inputs_embeds.shape[1]
-        if n > self.config.max_position_embeddings:
-            raise ValueError(
-                f"the input has {n} tokens but the model has {self.config.max_position_embeddings} positions; "
-                "shorten the sentence."
-            )
-        if position_ids is None:
-            position_ids = torch.arange(n, device=inputs_embeds.device).unsqueeze(0)
-        hidden = self.drop(inputs_embeds + self.wpe(position_ids))
-        mask = create_bidirectional_mask(config=self.config, inputs_embeds=hidden, attention_mask=attention_mask)
-        for block in self.h:
-            hidden = block(hidden, attention_mask=mask, **kwargs)
-        cls = self.ln_f(hidden)[:, 0]
+        cls = self.encode(input_ids, attention_mask, inputs_embeds, position_ids, **kwargs)[:, 0]
         logits = self.classifier(self.classifier_dropout(cls))
         loss = None
         if labels is not None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import torch
 from huggingface_hub.dataclasses import strict
 from torch import Tensor, nn
-from transformers.masking_utils import create_bidirectional_mask
 from transformers.modeling_outputs import TokenClassifierOutput
 from transformers.utils.output_capturing import capture_outputs
 
@@ -116,27 +115,8 @@ class TaggerModel(AgreementModel):
             >>> output.loss.shape, output.attentions[0].shape
             (torch.Size([]), torch.Size([1, 4, 3, 3]))
         """
-        kwargs.pop("output_attentions", None)
-        kwargs.pop("output_hidden_states", None)
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("give exactly one of input_ids (B, n) and inputs_embeds (B, n, hidden_size).")
-        if inputs_embeds is None:
-            if input_ids.dim() != 2:
-                raise ValueError(f"input_ids must be (B, n) token ids, got shape {tuple(input_ids.shape)}.")
-            inputs_embeds = self.wte(input_ids)
-        n = inputs_embeds.shape[1]
-        if n > self.config.max_position_embeddings:
-            raise ValueError(
-                f"the input has {n} tokens but the model has {self.config.max_position_embeddings} positions; "
-                "shorten the sentence."
-            )
-        if position_ids is None:
-            position_ids = torch.arange(n, device=inputs_embeds.device).unsqueeze(0)
-        hidden = self.drop(inputs_embeds + self.wpe(position_ids))
-        mask = create_bidirectional_mask(config=self.config, inputs_embeds=hidden, attention_mask=attention_mask)
-        for block in self.h:
-            hidden = block(hidden, attention_mask=mask, **kwargs)
-        logits = self.classifier(self.classifier_dropout(self.ln_f(hidden)))
+        hidden = self.encode(input_ids, attention_mask, inputs_embeds, position_ids, **kwargs)
+        logits = self.classifier(self.classifier_dropout(hidden))
         loss = None
         if labels is not None:
             loss = nn.functional.cross_entropy(
