@@ -7,15 +7,22 @@ arrays, the trivial cuts stop a search as soon as they are reached, and threads 
 (source, sink) pairs in parallel.
 
 The algorithm is Dinic's: breadth-first levels in the residual graph, then blocking flows along
-level-increasing paths. Its first phase routes flow along the downward paths only (a greedy
-fill of the DAG); later phases reroute flow through residual (upward) edges, which is what the
+level-increasing paths. Its first phase needs no search: without flow the residual graph is
+the DAG itself, and :func:`_greedy_fill` computes its blocking flow as a depth-first pass in
+which every node sends what it can to its children in turn and returns the total to its
+parent (no path is walked twice), layer-1 nodes are filled straight into the sink, and nodes
+that can send nothing more leave their layer's skip list (:func:`_next_alive`), so that no
+later scan looks at them. On attention this first phase usually reaches a trivial bound and
+ends the search; later phases reroute flow through residual (upward) edges, which is what the
 trivial bounds cannot capture.
 
-Floating-point capacities, no integer scaling. A residual capacity counts as positive only above
-``EPS``. When the search stops, the nodes reachable from the source through residual capacity
+Capacities are stored in float32 (the attention graph's own precision, so nothing is rounded),
+flows and sums in float64. A residual capacity counts as positive only above ``EPS``. When the
+search stops, either the flow equals a trivial bound (the source's out-capacity or the sink's
+in-capacity, both cuts), or the nodes reachable from the source through residual capacity
 above ``EPS`` form a cut whose capacity exceeds the flow found by at most ``EPS`` per crossing
-edge, so ``0 <= max_flow - value <= gap <= EPS * (number of edges)``. The kernel returns that
-``gap`` (cut capacity minus flow, measured) with every value as a certificate.
+edge. Either way ``0 <= max_flow - value <= gap <= EPS * (number of edges)``, and the kernel
+returns that ``gap`` (cut capacity minus flow, measured) with every value as a certificate.
 """
 
 from __future__ import annotations
@@ -87,15 +94,15 @@ def _residual(cap, flow, flow_t, k, i, arc, m):
 
 
 @njit(cache=True)
-def _blocking_flow(cap, flow, flow_t, sink, dist, ptr, path_k, path_i, path_arc, touched, budget, num_arcs):
+def _blocking_flow(cap, flow, flow_t, sink, dist, ptr, path_k, path_i, path_arc, touched, budget):
     """Augment along residual paths on which ``dist`` drops by one per arc, until none is left.
 
     The path starts at ``path_k[0], path_i[0]`` (the source) and ends at the node of distance
-    0 (the sink); at most ``budget`` is pushed. Arcs ``< m`` of a node go down, the others up;
-    ``num_arcs = m`` skips the upward ones (when nothing flows yet). Returns the flow pushed;
-    flow entries it makes nonzero are appended to ``touched``.
+    0 (the sink); at most ``budget`` is pushed. Arcs ``< m`` of a node go down, the others up.
+    Returns the flow pushed; flow entries it makes nonzero are appended to ``touched``.
     """
     layers, m, _ = cap.shape
+    num_arcs = 2 * m
     ptr[:] = 0
     pushed = 0.0
     depth = 0
@@ -166,6 +173,110 @@ def _blocking_flow(cap, flow, flow_t, sink, dist, ptr, path_k, path_i, path_arc,
 
 
 @njit(cache=True)
+def _next_alive(skip, k, j):
+    """The first node (k, j') with j' >= j still in the level graph, ``m`` if none.
+
+    ``skip[k]`` is a union-find over positions: ``skip[k, j] == j`` while (k, j) is in the
+    graph, ``j + 1`` once it left. Path compression makes a scan past a run of removed nodes
+    cost about one step, so a node's children are scanned in time proportional to the live
+    ones rather than to n.
+    """
+    root = j
+    while skip[k, root] != root:
+        root = skip[k, root]
+    while skip[k, j] != root:
+        following = skip[k, j]
+        skip[k, j] = root
+        j = following
+    return root
+
+
+@njit(cache=True)
+def _greedy_fill(cap, cap_t, flow, sink_flow, source, sink, skip, ptr, path_i, room, got, touched, budget):
+    """Dinic's first phase: a blocking flow of the DAG itself, from (l, source) to (0, sink).
+
+    A depth-first pass: the node at ``depth`` (layer l - depth, position ``path_i[depth]``)
+    may send ``room[depth]`` (the least residual capacity on its path, and what the budget
+    leaves) and has sent ``got[depth]``; it offers the rest to its children in turn, then
+    returns the total to its parent, whose edge to it carries that much more. A node that
+    could not use its room can send nothing more and leaves the graph. Layer-2 nodes push
+    into the sink through every live layer-1 node in one loop. Flows into the sink go to
+    ``sink_flow`` (by layer-1 position), the others to ``flow`` (not to its transpose), and
+    entries made nonzero are appended to ``touched``. Returns the flow value.
+    """
+    layers, m, _ = cap.shape
+    num_touched = touched[0]
+    for k in range(layers + 1):
+        for j in range(m + 1):
+            skip[k, j] = j
+    ptr[:] = 0
+    path_i[0] = source
+    room[0] = budget
+    got[0] = 0.0
+    depth = 0
+    while True:
+        k = layers - depth
+        i = path_i[depth]
+        if k == 1:
+            # The source itself at layer 1 (l = 1): its one edge into the sink.
+            got[0] = min(room[0], cap_t[0, sink, i])
+            sink_flow[i] = got[0]
+            break
+        descend = False
+        if k == 2:
+            # Layer 2: fill the sink through every live layer-1 node at once.
+            arc = _next_alive(skip, 1, ptr[2, i])
+            while arc < m and got[depth] < room[depth] - EPS:
+                into_sink = cap_t[0, sink, arc] - sink_flow[arc]
+                edge = cap[1, i, arc] - flow[1, i, arc]
+                if into_sink <= EPS:
+                    skip[1, arc] = arc + 1
+                elif edge > EPS:
+                    delta = min(edge, into_sink, room[depth] - got[depth])
+                    if flow[1, i, arc] == 0.0 and num_touched < touched.shape[0] - 1:
+                        num_touched += 1
+                        touched[num_touched] = (m + i) * m + arc
+                    flow[1, i, arc] += delta
+                    sink_flow[arc] += delta
+                    got[depth] += delta
+                    if into_sink - delta <= EPS:
+                        skip[1, arc] = arc + 1
+                    elif edge - delta > EPS:
+                        continue
+                arc = _next_alive(skip, 1, arc + 1)
+            ptr[2, i] = arc
+        elif got[depth] < room[depth] - EPS:
+            arc = _next_alive(skip, k - 1, ptr[k, i])
+            while arc < m and cap[k - 1, i, arc] - flow[k - 1, i, arc] <= EPS:
+                arc = _next_alive(skip, k - 1, arc + 1)
+            ptr[k, i] = arc
+            if arc < m:
+                path_i[depth + 1] = arc
+                room[depth + 1] = min(cap[k - 1, i, arc] - flow[k - 1, i, arc], room[depth] - got[depth])
+                got[depth + 1] = 0.0
+                depth += 1
+                descend = True
+        if descend:
+            continue
+        # Return to the parent with what this node sent.
+        if got[depth] < room[depth] - EPS:
+            skip[k, i] = i + 1
+        if depth == 0:
+            break
+        sent = got[depth]
+        depth -= 1
+        parent = path_i[depth]
+        if sent > 0.0:
+            if flow[k, parent, i] == 0.0 and num_touched < touched.shape[0] - 1:
+                num_touched += 1
+                touched[num_touched] = (k * m + parent) * m + i
+            flow[k, parent, i] += sent
+            got[depth] += sent
+    touched[0] = num_touched
+    return got[0]
+
+
+@njit(cache=True)
 def _cut_capacity(cap_t, source, dist):
     """Capacity of the edges into the nodes that reach the sink (dist >= 0) from the others."""
     layers, m, _ = cap_t.shape
@@ -202,11 +313,11 @@ def _clear(flow, flow_t, touched):
 
 
 @njit(cache=True)
-def _max_flow(cap, cap_t, source, sink, flow, flow_t, dist, ptr, queue_k, queue_i, path_k, path_i, path_arc, touched):
+def _max_flow(cap, cap_t, source, sink, flow, flow_t, dist, ptr, queue_k, queue_i, path_k, path_i, path_arc, touched, skip, room, got, sink_flow):
     """Max flow from (l, source) to (0, sink) and its certified gap.
 
-    ``cap_t`` is ``cap`` transposed per layer. ``flow``, ``flow_t`` (its transpose) must be zero
-    on entry and are zero on exit; the other arrays are scratch.
+    ``cap_t`` is ``cap`` transposed per layer. ``flow``, ``flow_t`` (its transpose) and
+    ``sink_flow`` must be zero on entry and are zero on exit; the other arrays are scratch.
     """
     layers, m, _ = cap.shape
     out_capacity = 0.0
@@ -214,31 +325,41 @@ def _max_flow(cap, cap_t, source, sink, flow, flow_t, dist, ptr, queue_k, queue_
         out_capacity += cap[layers - 1, source, j]
     in_capacity = 0.0
     for i in range(m):
-        in_capacity += cap[0, i, sink]
+        in_capacity += cap_t[0, sink, i]
     bound = min(out_capacity, in_capacity)
     if bound <= EPS:
         return 0.0, bound
+    # The DAG's first blocking flow; later phases start from it.
+    value = _greedy_fill(cap, cap_t, flow, sink_flow, source, sink, skip, ptr, path_i, room, got, touched, bound)
+    if value < bound - EPS:
+        # Later phases need the transposed flows and the sink's flows in ``flow``.
+        if touched[0] >= touched.shape[0] - 1:
+            for k in range(layers):
+                flow_t[k] = flow[k].T
+        for n in range(1, min(touched[0], touched.shape[0] - 2) + 1):
+            index = touched[n]
+            k = index // (m * m)
+            i = (index // m) % m
+            j = index % m
+            flow_t[k, j, i] = flow[k, i, j]
+        for i in range(m):
+            if sink_flow[i] != 0.0:
+                if touched[0] < touched.shape[0] - 1:
+                    touched[0] += 1
+                    touched[touched[0]] = i * m + sink
+                flow[0, i, sink] = sink_flow[i]
+                flow_t[0, sink, i] = sink_flow[i]
     path_k[0] = layers
     path_i[0] = source
-    # Without flow the residual graph is the DAG itself: node (k, i) lies k arcs above the
-    # sink, so the first phase (a greedy fill along downward paths) needs no search.
-    for k in range(1, layers):
-        dist[k, :] = k
-    dist[0, :] = -1
-    dist[0, sink] = 0
-    dist[layers, :] = -1
-    dist[layers, source] = layers
-    value = _blocking_flow(cap, flow, flow_t, sink, dist, ptr, path_k, path_i, path_arc, touched, bound, m)
     gap = bound - value
     while value < bound - EPS:
         if not _levels_to_sink(cap_t, flow, flow_t, source, sink, dist, queue_k, queue_i):
             gap = _cut_capacity(cap_t, source, dist) - value
             break
-        value += _blocking_flow(
-            cap, flow, flow_t, sink, dist, ptr, path_k, path_i, path_arc, touched, bound - value, 2 * m
-        )
+        value += _blocking_flow(cap, flow, flow_t, sink, dist, ptr, path_k, path_i, path_arc, touched, bound - value)
         gap = bound - value
     _clear(flow, flow_t, touched)
+    sink_flow[:] = 0.0
     return value, gap
 
 
@@ -247,8 +368,8 @@ def _max_flows_part(cap, cap_t, sources, part, parts, values, gaps):
     """Fill ``values``/``gaps`` for the (source, sink) tasks ``part, part + parts, ...``."""
     layers, m, _ = cap.shape
     nodes = (layers + 1) * m
-    flow = np.zeros_like(cap)
-    flow_t = np.zeros_like(cap)
+    flow = np.zeros(cap.shape)
+    flow_t = np.zeros(cap.shape)
     touched = np.zeros(16 * layers * m + 1, np.int64)
     dist = np.empty((layers + 1, m), np.int64)
     ptr = np.empty((layers + 1, m), np.int64)
@@ -257,12 +378,17 @@ def _max_flows_part(cap, cap_t, sources, part, parts, values, gaps):
     path_k = np.empty(nodes + 1, np.int64)
     path_i = np.empty(nodes + 1, np.int64)
     path_arc = np.empty(nodes + 1, np.int64)
+    skip = np.empty((layers + 1, m + 1), np.int64)
+    room = np.empty(layers + 1)
+    got = np.empty(layers + 1)
+    sink_flow = np.zeros(m)
     # Interleaved tasks balance the parts: neighbouring sinks cost about the same.
     for task in range(part, sources.shape[0] * m, parts):
         a = task // m
         t = task % m
         values[a, t], gaps[a, t] = _max_flow(
-            cap, cap_t, sources[a], t, flow, flow_t, dist, ptr, queue_k, queue_i, path_k, path_i, path_arc, touched
+            cap, cap_t, sources[a], t, flow, flow_t, dist, ptr, queue_k, queue_i, path_k, path_i, path_arc, touched,
+            skip, room, got, sink_flow,
         )
 
 
@@ -276,7 +402,8 @@ def max_flows(cap: np.ndarray, sources: np.ndarray, num_threads: int = 1) -> tup
     whole one-source computation, and plain threads never clash with torch's own OpenMP pool.
 
     Args:
-        cap: (l, m, m), ``cap[k - 1, i, j]`` the capacity of edge (k, i) -> (k-1, j).
+        cap: (l, m, m), ``cap[k - 1, i, j]`` the capacity of edge (k, i) -> (k-1, j); stored
+            as float32, so float32 values are taken exactly.
         sources: (S,) positions at layer l.
         num_threads: the most threads to use.
 
@@ -284,7 +411,7 @@ def max_flows(cap: np.ndarray, sources: np.ndarray, num_threads: int = 1) -> tup
         values (S, m) and gaps (S, m), float64: ``values[a, t]`` is within ``gaps[a, t]``
         below the exact maximum flow from (l, sources[a]) to (0, t).
     """
-    cap = np.ascontiguousarray(cap, dtype=np.float64)
+    cap = np.ascontiguousarray(cap, dtype=np.float32)
     cap_t = np.ascontiguousarray(cap.transpose(0, 2, 1))
     sources = np.ascontiguousarray(sources, dtype=np.int64)
     values = np.zeros((sources.shape[0], cap.shape[1]))
