@@ -43,15 +43,39 @@ _WORK_PER_THREAD = 2_000_000
 
 
 @njit(cache=True)
-def _levels_to_sink(cap_t, flow, flow_t, source, sink, dist, queue_k, queue_i):
+def _next_alive(skip, k, j):
+    """The first node (k, j') with j' >= j still in the level graph, ``m`` if none.
+
+    ``skip[k]`` is a union-find over positions: ``skip[k, j] == j`` while (k, j) is in the
+    graph, ``j + 1`` once it left. Path compression makes a scan past a run of removed nodes
+    cost about one step, so a node's children are scanned in time proportional to the live
+    ones rather than to n.
+    """
+    root = j
+    while skip[k, root] != root:
+        root = skip[k, root]
+    while skip[k, j] != root:
+        following = skip[k, j]
+        skip[k, j] = root
+        j = following
+    return root
+
+
+@njit(cache=True)
+def _levels_to_sink(cap_t, flow, flow_t, rows, cols, source, sink, dist, queue_k, queue_i, unseen):
     """Residual BFS towards (0, sink): ``dist`` = residual distance to the sink, -1 if none.
 
     Searching backwards from the sink rather than forwards from the source pays off at the
     end: when no augmenting path is left, the nodes that still reach the sink are usually a
     small region near it, and that region is also the minimum cut. Returns whether the source
-    reaches the sink; stops as soon as it does.
+    reaches the sink; stops as soon as it does. ``unseen`` holds skip lists of the nodes not
+    reached yet (see :func:`_next_alive`): a node scans only those for new neighbours, so
+    once a layer is mostly reached its scans are short.
     """
     layers, m, _ = cap_t.shape
+    for k in range(layers + 1):
+        for j in range(m + 1):
+            unseen[k, j] = j
     dist[:] = -1
     dist[0, sink] = 0
     queue_k[0] = 0
@@ -68,20 +92,26 @@ def _levels_to_sink(cap_t, flow, flow_t, source, sink, dist, queue_k, queue_i):
                 dist[layers, source] = level
                 return True
         elif k + 1 < layers:
-            for j in range(m):
-                if dist[k + 1, j] < 0 and cap_t[k, i, j] - flow_t[k, i, j] > EPS:
+            j = _next_alive(unseen, k + 1, cols[k, i, 0])
+            while j < cols[k, i, 1]:
+                if cap_t[k, i, j] - flow_t[k, i, j] > EPS:
                     dist[k + 1, j] = level
+                    unseen[k + 1, j] = j + 1
                     queue_k[tail] = k + 1
                     queue_i[tail] = j
                     tail += 1
+                j = _next_alive(unseen, k + 1, j + 1)
         if k >= 2:
             # Residual arc (k-1, j) -> (k, i): cancelling flow sent down (k, i) -> (k-1, j).
-            for j in range(m):
-                if dist[k - 1, j] < 0 and flow[k - 1, i, j] > EPS:
+            j = _next_alive(unseen, k - 1, rows[k - 1, i, 0])
+            while j < rows[k - 1, i, 1]:
+                if flow[k - 1, i, j] > EPS:
                     dist[k - 1, j] = level
+                    unseen[k - 1, j] = j + 1
                     queue_k[tail] = k - 1
                     queue_i[tail] = j
                     tail += 1
+                j = _next_alive(unseen, k - 1, j + 1)
     return False
 
 
@@ -94,7 +124,7 @@ def _residual(cap, flow, flow_t, k, i, arc, m):
 
 
 @njit(cache=True)
-def _blocking_flow(cap, flow, flow_t, sink, dist, ptr, path_k, path_i, path_arc, touched, budget):
+def _blocking_flow(cap, flow, flow_t, rows, cols, sink, dist, ptr, path_k, path_i, path_arc, touched, budget):
     """Augment along residual paths on which ``dist`` drops by one per arc, until none is left.
 
     The path starts at ``path_k[0], path_i[0]`` (the source) and ends at the node of distance
@@ -139,18 +169,24 @@ def _blocking_flow(cap, flow, flow_t, sink, dist, ptr, path_k, path_i, path_arc,
         arc = ptr[k, i]
         if arc < m and k >= 2:
             # Downward arcs (k, i) -> (k-1, j): one tight scan along contiguous rows.
-            while arc < m and not (dist[k - 1, arc] == target and cap[k - 1, i, arc] - flow[k - 1, i, arc] > EPS):
+            arc = max(arc, rows[k - 1, i, 0])
+            end = rows[k - 1, i, 1]
+            while arc < end and not (dist[k - 1, arc] == target and cap[k - 1, i, arc] - flow[k - 1, i, arc] > EPS):
                 arc += 1
+            if arc >= end:
+                arc = m
         elif arc < m:
             # Layer 1: the sink is the only input node in the graph, its arc the only downward one.
             admissible = arc <= sink and dist[0, sink] == target and cap[0, i, sink] - flow[0, i, sink] > EPS
             arc = sink if admissible else m
         if arc >= m:
-            if k == layers:
-                arc = num_arcs
+            end = num_arcs if k == layers else m + cols[k, i, 1]
+            arc = num_arcs if k == layers else max(arc, m + cols[k, i, 0])
             # Upward arcs (k, i) -> (k+1, j): cancelling flow sent down (k+1, j) -> (k, i).
-            while arc < num_arcs and not (dist[k + 1, arc - m] == target and flow_t[k, i, arc - m] > EPS):
+            while arc < end and not (dist[k + 1, arc - m] == target and flow_t[k, i, arc - m] > EPS):
                 arc += 1
+            if arc >= end:
+                arc = num_arcs
         ptr[k, i] = arc
         if arc < num_arcs:
             path_arc[depth] = arc
@@ -173,26 +209,7 @@ def _blocking_flow(cap, flow, flow_t, sink, dist, ptr, path_k, path_i, path_arc,
 
 
 @njit(cache=True)
-def _next_alive(skip, k, j):
-    """The first node (k, j') with j' >= j still in the level graph, ``m`` if none.
-
-    ``skip[k]`` is a union-find over positions: ``skip[k, j] == j`` while (k, j) is in the
-    graph, ``j + 1`` once it left. Path compression makes a scan past a run of removed nodes
-    cost about one step, so a node's children are scanned in time proportional to the live
-    ones rather than to n.
-    """
-    root = j
-    while skip[k, root] != root:
-        root = skip[k, root]
-    while skip[k, j] != root:
-        following = skip[k, j]
-        skip[k, j] = root
-        j = following
-    return root
-
-
-@njit(cache=True)
-def _greedy_fill(cap, cap_t, flow, sink_flow, source, sink, skip, ptr, path_i, room, got, touched, budget):
+def _greedy_fill(cap, cap_t, flow, sink_flow, rows, source, sink, skip, ptr, path_i, room, got, touched, budget):
     """Dinic's first phase: a blocking flow of the DAG itself, from (l, source) to (0, sink).
 
     A depth-first pass: the node at ``depth`` (layer l - depth, position ``path_i[depth]``)
@@ -225,8 +242,8 @@ def _greedy_fill(cap, cap_t, flow, sink_flow, source, sink, skip, ptr, path_i, r
         descend = False
         if k == 2:
             # Layer 2: fill the sink through every live layer-1 node at once.
-            arc = _next_alive(skip, 1, ptr[2, i])
-            while arc < m and got[depth] < room[depth] - EPS:
+            arc = _next_alive(skip, 1, max(ptr[2, i], rows[1, i, 0]))
+            while arc < rows[1, i, 1] and got[depth] < room[depth] - EPS:
                 into_sink = cap_t[0, sink, arc] - sink_flow[arc]
                 edge = cap[1, i, arc] - flow[1, i, arc]
                 if into_sink <= EPS:
@@ -246,11 +263,12 @@ def _greedy_fill(cap, cap_t, flow, sink_flow, source, sink, skip, ptr, path_i, r
                 arc = _next_alive(skip, 1, arc + 1)
             ptr[2, i] = arc
         elif got[depth] < room[depth] - EPS:
-            arc = _next_alive(skip, k - 1, ptr[k, i])
-            while arc < m and cap[k - 1, i, arc] - flow[k - 1, i, arc] <= EPS:
+            arc = _next_alive(skip, k - 1, max(ptr[k, i], rows[k - 1, i, 0]))
+            end = rows[k - 1, i, 1]
+            while arc < end and cap[k - 1, i, arc] - flow[k - 1, i, arc] <= EPS:
                 arc = _next_alive(skip, k - 1, arc + 1)
             ptr[k, i] = arc
-            if arc < m:
+            if arc < end:
                 path_i[depth + 1] = arc
                 room[depth + 1] = min(cap[k - 1, i, arc] - flow[k - 1, i, arc], room[depth] - got[depth])
                 got[depth + 1] = 0.0
@@ -277,20 +295,38 @@ def _greedy_fill(cap, cap_t, flow, sink_flow, source, sink, skip, ptr, path_i, r
 
 
 @njit(cache=True)
-def _cut_capacity(cap_t, source, dist):
-    """Capacity of the edges into the nodes that reach the sink (dist >= 0) from the others."""
-    layers, m, _ = cap_t.shape
+def _cut_capacity(cap, cap_t, source, dist):
+    """Capacity of the edges into the nodes that reach the sink (dist >= 0) from the others.
+
+    Between two layers, the loop runs over the smaller of the two sides of the cut: when the
+    cut lies near the source, few nodes are left outside it.
+    """
+    layers, m, _ = cap.shape
     total = 0.0
     for k in range(layers):
+        if k + 1 == layers:
+            # Only the source is in the graph at the top layer.
+            for i in range(m):
+                if dist[k, i] >= 0:
+                    total += cap[k, source, i]
+            continue
+        inside = 0
+        outside = 0
         for i in range(m):
-            if dist[k, i] < 0:
-                continue
-            if k + 1 == layers:
-                total += cap_t[k, i, source]
-            else:
-                for j in range(m):
-                    if dist[k + 1, j] < 0:
-                        total += cap_t[k, i, j]
+            inside += dist[k, i] >= 0
+            outside += dist[k + 1, i] < 0
+        if inside <= outside:
+            for i in range(m):
+                if dist[k, i] >= 0:
+                    for j in range(m):
+                        if dist[k + 1, j] < 0:
+                            total += cap_t[k, i, j]
+        else:
+            for j in range(m):
+                if dist[k + 1, j] < 0:
+                    for i in range(m):
+                        if dist[k, i] >= 0:
+                            total += cap[k, j, i]
     return total
 
 
@@ -313,7 +349,7 @@ def _clear(flow, flow_t, touched):
 
 
 @njit(cache=True)
-def _max_flow(cap, cap_t, source, sink, flow, flow_t, dist, ptr, queue_k, queue_i, path_k, path_i, path_arc, touched, skip, room, got, sink_flow):
+def _max_flow(cap, cap_t, rows, cols, source, sink, flow, flow_t, dist, ptr, queue_k, queue_i, path_k, path_i, path_arc, touched, skip, room, got, sink_flow):
     """Max flow from (l, source) to (0, sink) and its certified gap.
 
     ``cap_t`` is ``cap`` transposed per layer. ``flow``, ``flow_t`` (its transpose) and
@@ -330,7 +366,7 @@ def _max_flow(cap, cap_t, source, sink, flow, flow_t, dist, ptr, queue_k, queue_
     if bound <= EPS:
         return 0.0, bound
     # The DAG's first blocking flow; later phases start from it.
-    value = _greedy_fill(cap, cap_t, flow, sink_flow, source, sink, skip, ptr, path_i, room, got, touched, bound)
+    value = _greedy_fill(cap, cap_t, flow, sink_flow, rows, source, sink, skip, ptr, path_i, room, got, touched, bound)
     if value < bound - EPS:
         # Later phases need the transposed flows and the sink's flows in ``flow``.
         if touched[0] >= touched.shape[0] - 1:
@@ -353,10 +389,10 @@ def _max_flow(cap, cap_t, source, sink, flow, flow_t, dist, ptr, queue_k, queue_
     path_i[0] = source
     gap = bound - value
     while value < bound - EPS:
-        if not _levels_to_sink(cap_t, flow, flow_t, source, sink, dist, queue_k, queue_i):
-            gap = _cut_capacity(cap_t, source, dist) - value
+        if not _levels_to_sink(cap_t, flow, flow_t, rows, cols, source, sink, dist, queue_k, queue_i, skip):
+            gap = _cut_capacity(cap, cap_t, source, dist) - value
             break
-        value += _blocking_flow(cap, flow, flow_t, sink, dist, ptr, path_k, path_i, path_arc, touched, bound - value)
+        value += _blocking_flow(cap, flow, flow_t, rows, cols, sink, dist, ptr, path_k, path_i, path_arc, touched, bound - value)
         gap = bound - value
     _clear(flow, flow_t, touched)
     sink_flow[:] = 0.0
@@ -364,7 +400,7 @@ def _max_flow(cap, cap_t, source, sink, flow, flow_t, dist, ptr, queue_k, queue_
 
 
 @njit(cache=True, nogil=True)
-def _max_flows_part(cap, cap_t, sources, part, parts, values, gaps):
+def _max_flows_part(cap, cap_t, rows, cols, sources, part, parts, values, gaps):
     """Fill ``values``/``gaps`` for the (source, sink) tasks ``part, part + parts, ...``."""
     layers, m, _ = cap.shape
     nodes = (layers + 1) * m
@@ -387,7 +423,7 @@ def _max_flows_part(cap, cap_t, sources, part, parts, values, gaps):
         a = task // m
         t = task % m
         values[a, t], gaps[a, t] = _max_flow(
-            cap, cap_t, sources[a], t, flow, flow_t, dist, ptr, queue_k, queue_i, path_k, path_i, path_arc, touched,
+            cap, cap_t, rows, cols, sources[a], t, flow, flow_t, dist, ptr, queue_k, queue_i, path_k, path_i, path_arc, touched,
             skip, room, got, sink_flow,
         )
 
@@ -413,17 +449,34 @@ def max_flows(cap: np.ndarray, sources: np.ndarray, num_threads: int = 1) -> tup
     """
     cap = np.ascontiguousarray(cap, dtype=np.float32)
     cap_t = np.ascontiguousarray(cap.transpose(0, 2, 1))
+    rows = _nonzero_spans(cap)
+    cols = _nonzero_spans(cap_t)
     sources = np.ascontiguousarray(sources, dtype=np.int64)
     values = np.zeros((sources.shape[0], cap.shape[1]))
     gaps = np.zeros_like(values)
     parts = max(1, min(num_threads, values.size * cap.size // _WORK_PER_THREAD))
     if parts == 1:
-        _max_flows_part(cap, cap_t, sources, 0, 1, values, gaps)
+        _max_flows_part(cap, cap_t, rows, cols, sources, 0, 1, values, gaps)
         return values, gaps
     with ThreadPoolExecutor(parts - 1) as pool:
-        others = [pool.submit(_max_flows_part, cap, cap_t, sources, part, parts, values, gaps) for part in range(1, parts)]
+        others = [pool.submit(_max_flows_part, cap, cap_t, rows, cols, sources, part, parts, values, gaps) for part in range(1, parts)]
         # The calling thread runs part 0 itself rather than wait: one thread fewer to start.
-        _max_flows_part(cap, cap_t, sources, 0, parts, values, gaps)
+        _max_flows_part(cap, cap_t, rows, cols, sources, 0, parts, values, gaps)
         for done in others:
             done.result()
     return values, gaps
+
+
+def _nonzero_spans(cap: np.ndarray) -> np.ndarray:
+    """(l, m, 2) int64: ``[lo, hi)`` holds every nonzero of each row ``cap[k, i]`` (0, 0 if none).
+
+    Causal and local attention have long runs of zeros; the scans of a row stay inside its span.
+    """
+    nonzero = cap > 0
+    m = cap.shape[-1]
+    lo = nonzero.argmax(-1)
+    hi = m - nonzero[..., ::-1].argmax(-1)
+    empty = ~nonzero.any(-1)
+    lo[empty] = 0
+    hi[empty] = 0
+    return np.ascontiguousarray(np.stack([lo, hi], -1), dtype=np.int64)
