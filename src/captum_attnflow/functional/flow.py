@@ -8,9 +8,12 @@ The residual-adjusted attention matrices :math:`A_l` of
 :math:`(l, p)` to :math:`(0, j)`. Unlike rollout, which sums products along paths, a max flow
 is limited by the narrowest cut between the two nodes.
 
-The max flows run in a compiled kernel (:mod:`captum_attnflow.functional._maxflow`) in float64:
-each value is at most ``1e-12`` per graph edge below the exact maximum flow of the graph given
-in float32 (see that module for the certificate), far below float32's own rounding.
+The max flows run in a compiled kernel (:mod:`captum_attnflow.functional._maxflow`) adding
+flows in float64 on the float32 capacities: each value is at most ``1e-12`` per graph edge below
+the exact maximum flow of the graph given in float32 (see that module for the certificate), far
+below float32's own rounding. The graph of the layers up to the requested one is held on the
+CPU, ``(4 B + 9 + 16 T) L n^2`` bytes with ``T`` kernel threads; a call that would not fit in
+the memory available raises ValueError before it starts.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from tqdm.auto import tqdm
 
 from captum_attnflow.functional._checks import Attentions, as_mask, layer_indices, position_indices
 from captum_attnflow.functional._maxflow import max_flows
+from captum_attnflow.functional._memory import check_flow_fits
 from captum_attnflow.functional.graph import attention_graph
 
 # Below about this many edge visits (pairs x layers x n^2) a call takes well under a second,
@@ -88,7 +92,10 @@ def flow(
     source_positions = _source_indices(sources, mask)
     num_sources = source_positions.shape[1]
 
-    caps = graph[: layers[-1] + 1].detach().to("cpu", torch.float64).numpy()
+    threads = numba.get_num_threads()
+    check_flow_fits(layers[-1] + 1, batch, n, num_sources, len(layers), threads)
+    # float32 as the graph is: the kernel adds flows in float64 but stores capacities as given.
+    caps = graph[: layers[-1] + 1].detach().to("cpu", torch.float32).numpy()
     real = mask.cpu().numpy()
     source_positions = source_positions.cpu().numpy()
     values = np.zeros((len(layers), batch, num_sources, n))
@@ -108,7 +115,7 @@ def flow(
             cap = np.ascontiguousarray(caps[: index + 1, b][:, keep][:, :, keep])
             for start in range(0, valid.size, per_call):
                 chunk = valid[start : start + per_call]
-                result, _ = max_flows(cap, example_sources[chunk], numba.get_num_threads())
+                result, _ = max_flows(cap, example_sources[chunk], threads)
                 values[out, b, chunk[:, None], keep[None, :]] = result
                 progress.update(chunk.size)
             progress.update(num_sources - valid.size)
