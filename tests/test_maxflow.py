@@ -10,6 +10,7 @@ later Dinic phases run, not only the first greedy fill.
 
 from __future__ import annotations
 
+import doctest
 import itertools
 
 import networkx as nx
@@ -126,3 +127,8 @@ def test_flow_keeps_float32_capacities_exact():
     attentions = torch.softmax(torch.randn(1, 1, 2, 6, 6, generator=torch.Generator().manual_seed(3)), -1)
     expected = attention_graph(attentions)[0, 0]
     assert torch.equal(flow(attentions, sources=None)[0], expected)
+
+
+def test_docstring_examples_run():
+    results = doctest.testmod(_memory)
+    assert results.attempted > 0 and results.failed == 0

@@ -370,14 +370,16 @@ def _max_flow(cap, cap_t, rows, cols, source, sink, flow, flow_t, dist, ptr, que
     if value < bound - EPS:
         # Later phases need the transposed flows and the sink's flows in ``flow``.
         if touched[0] >= touched.shape[0] - 1:
+            # The list overflowed: some entries are missing from it.
             for k in range(layers):
                 flow_t[k] = flow[k].T
-        for n in range(1, min(touched[0], touched.shape[0] - 2) + 1):
-            index = touched[n]
-            k = index // (m * m)
-            i = (index // m) % m
-            j = index % m
-            flow_t[k, j, i] = flow[k, i, j]
+        else:
+            for n in range(1, touched[0] + 1):
+                index = touched[n]
+                k = index // (m * m)
+                i = (index // m) % m
+                j = index % m
+                flow_t[k, j, i] = flow[k, i, j]
         for i in range(m):
             if sink_flow[i] != 0.0:
                 if touched[0] < touched.shape[0] - 1:
