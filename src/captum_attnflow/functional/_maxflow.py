@@ -209,6 +209,30 @@ def _blocking_flow(cap, flow, flow_t, rows, cols, sink, dist, ptr, path_k, path_
 
 
 @njit(cache=True)
+def _into_sink(cap, cap_t, flow, sink_flow, skip, touched, i, j, sink, limit):
+    """Push up to ``limit`` along (2, i) -> (1, j) -> (0, sink); returns how much went.
+
+    (1, j) leaves the level graph (``skip``) once its edge into the sink is full.
+    """
+    into_sink = cap_t[0, sink, j] - sink_flow[j]
+    if into_sink <= EPS:
+        skip[1, j] = j + 1
+        return 0.0
+    edge = cap[1, i, j] - flow[1, i, j]
+    if edge <= EPS:
+        return 0.0
+    delta = min(edge, into_sink, limit)
+    if flow[1, i, j] == 0.0 and touched[0] < touched.shape[0] - 1:
+        touched[0] += 1
+        touched[touched[0]] = (cap.shape[1] + i) * cap.shape[2] + j
+    flow[1, i, j] += delta
+    sink_flow[j] += delta
+    if into_sink - delta <= EPS:
+        skip[1, j] = j + 1
+    return delta
+
+
+@njit(cache=True)
 def _greedy_fill(cap, cap_t, flow, sink_flow, rows, source, sink, skip, ptr, path_i, room, got, touched, budget):
     """Dinic's first phase: a blocking flow of the DAG itself, from (l, source) to (0, sink).
 
@@ -217,12 +241,13 @@ def _greedy_fill(cap, cap_t, flow, sink_flow, rows, source, sink, skip, ptr, pat
     leaves) and has sent ``got[depth]``; it offers the rest to its children in turn, then
     returns the total to its parent, whose edge to it carries that much more. A node that
     could not use its room can send nothing more and leaves the graph. Layer-2 nodes push
-    into the sink through every live layer-1 node in one loop. Flows into the sink go to
+    into the sink through every live layer-1 node in one loop. Every node tries the node right
+    below it first: with the residual term of the attention graph that edge is usually the
+    widest, and flow sent along it spreads over fewer edges, so fewer nodes are visited. Flows into the sink go to
     ``sink_flow`` (by layer-1 position), the others to ``flow`` (not to its transpose), and
     entries made nonzero are appended to ``touched``. Returns the flow value.
     """
     layers, m, _ = cap.shape
-    num_touched = touched[0]
     for k in range(layers + 1):
         for j in range(m + 1):
             skip[k, j] = j
@@ -241,33 +266,26 @@ def _greedy_fill(cap, cap_t, flow, sink_flow, rows, source, sink, skip, ptr, pat
             break
         descend = False
         if k == 2:
-            # Layer 2: fill the sink through every live layer-1 node at once.
+            # Layer 2: fill the sink through every live layer-1 node at once, the one below first.
+            if skip[1, i] == i:
+                got[depth] += _into_sink(cap, cap_t, flow, sink_flow, skip, touched, i, i, sink, room[depth] - got[depth])
             arc = _next_alive(skip, 1, max(ptr[2, i], rows[1, i, 0]))
             while arc < rows[1, i, 1] and got[depth] < room[depth] - EPS:
-                into_sink = cap_t[0, sink, arc] - sink_flow[arc]
-                edge = cap[1, i, arc] - flow[1, i, arc]
-                if into_sink <= EPS:
-                    skip[1, arc] = arc + 1
-                elif edge > EPS:
-                    delta = min(edge, into_sink, room[depth] - got[depth])
-                    if flow[1, i, arc] == 0.0 and num_touched < touched.shape[0] - 1:
-                        num_touched += 1
-                        touched[num_touched] = (m + i) * m + arc
-                    flow[1, i, arc] += delta
-                    sink_flow[arc] += delta
-                    got[depth] += delta
-                    if into_sink - delta <= EPS:
-                        skip[1, arc] = arc + 1
-                    elif edge - delta > EPS:
-                        continue
+                got[depth] += _into_sink(cap, cap_t, flow, sink_flow, skip, touched, i, arc, sink, room[depth] - got[depth])
+                if got[depth] >= room[depth] - EPS:
+                    break
                 arc = _next_alive(skip, 1, arc + 1)
             ptr[2, i] = arc
         elif got[depth] < room[depth] - EPS:
-            arc = _next_alive(skip, k - 1, max(ptr[k, i], rows[k - 1, i, 0]))
             end = rows[k - 1, i, 1]
-            while arc < end and cap[k - 1, i, arc] - flow[k - 1, i, arc] <= EPS:
-                arc = _next_alive(skip, k - 1, arc + 1)
-            ptr[k, i] = arc
+            # The node right below first, then the others in order from where the scan stopped.
+            if skip[k - 1, i] == i and cap[k - 1, i, i] - flow[k - 1, i, i] > EPS:
+                arc = i
+            else:
+                arc = _next_alive(skip, k - 1, max(ptr[k, i], rows[k - 1, i, 0]))
+                while arc < end and cap[k - 1, i, arc] - flow[k - 1, i, arc] <= EPS:
+                    arc = _next_alive(skip, k - 1, arc + 1)
+                ptr[k, i] = arc
             if arc < end:
                 path_i[depth + 1] = arc
                 room[depth + 1] = min(cap[k - 1, i, arc] - flow[k - 1, i, arc], room[depth] - got[depth])
@@ -285,12 +303,11 @@ def _greedy_fill(cap, cap_t, flow, sink_flow, rows, source, sink, skip, ptr, pat
         depth -= 1
         parent = path_i[depth]
         if sent > 0.0:
-            if flow[k, parent, i] == 0.0 and num_touched < touched.shape[0] - 1:
-                num_touched += 1
-                touched[num_touched] = (k * m + parent) * m + i
+            if flow[k, parent, i] == 0.0 and touched[0] < touched.shape[0] - 1:
+                touched[0] += 1
+                touched[touched[0]] = (k * m + parent) * m + i
             flow[k, parent, i] += sent
             got[depth] += sent
-    touched[0] = num_touched
     return got[0]
 
 
