@@ -268,10 +268,12 @@ def _greedy_fill(cap, cap_t, flow, sink_flow, rows, source, sink, skip, ptr, pat
         if k == 2:
             # Layer 2: fill the sink through every live layer-1 node at once, the one below first.
             if skip[1, i] == i:
-                got[depth] += _into_sink(cap, cap_t, flow, sink_flow, skip, touched, i, i, sink, room[depth] - got[depth])
+                left = room[depth] - got[depth]
+                got[depth] += _into_sink(cap, cap_t, flow, sink_flow, skip, touched, i, i, sink, left)
             arc = _next_alive(skip, 1, max(ptr[2, i], rows[1, i, 0]))
             while arc < rows[1, i, 1] and got[depth] < room[depth] - EPS:
-                got[depth] += _into_sink(cap, cap_t, flow, sink_flow, skip, touched, i, arc, sink, room[depth] - got[depth])
+                left = room[depth] - got[depth]
+                got[depth] += _into_sink(cap, cap_t, flow, sink_flow, skip, touched, i, arc, sink, left)
                 if got[depth] >= room[depth] - EPS:
                     break
                 arc = _next_alive(skip, 1, arc + 1)
@@ -366,7 +368,10 @@ def _clear(flow, flow_t, touched):
 
 
 @njit(cache=True)
-def _max_flow(cap, cap_t, rows, cols, source, sink, flow, flow_t, dist, ptr, queue_k, queue_i, path_k, path_i, path_arc, touched, skip, room, got, sink_flow):
+def _max_flow(
+    cap, cap_t, rows, cols, source, sink, flow, flow_t, dist, ptr, queue_k, queue_i, path_k, path_i, path_arc, touched,
+    skip, room, got, sink_flow,
+):
     """Max flow from (l, source) to (0, sink) and its certified gap.
 
     ``cap_t`` is ``cap`` transposed per layer. ``flow``, ``flow_t`` (its transpose) and
@@ -411,7 +416,9 @@ def _max_flow(cap, cap_t, rows, cols, source, sink, flow, flow_t, dist, ptr, que
         if not _levels_to_sink(cap_t, flow, flow_t, rows, cols, source, sink, dist, queue_k, queue_i, skip):
             gap = _cut_capacity(cap, cap_t, source, dist) - value
             break
-        value += _blocking_flow(cap, flow, flow_t, rows, cols, sink, dist, ptr, path_k, path_i, path_arc, touched, bound - value)
+        value += _blocking_flow(
+            cap, flow, flow_t, rows, cols, sink, dist, ptr, path_k, path_i, path_arc, touched, bound - value
+        )
         gap = bound - value
     _clear(flow, flow_t, touched)
     sink_flow[:] = 0.0
@@ -442,8 +449,8 @@ def _max_flows_part(cap, cap_t, rows, cols, sources, part, parts, values, gaps):
         a = task // m
         t = task % m
         values[a, t], gaps[a, t] = _max_flow(
-            cap, cap_t, rows, cols, sources[a], t, flow, flow_t, dist, ptr, queue_k, queue_i, path_k, path_i, path_arc, touched,
-            skip, room, got, sink_flow,
+            cap, cap_t, rows, cols, sources[a], t, flow, flow_t, dist, ptr, queue_k, queue_i, path_k, path_i, path_arc,
+            touched, skip, room, got, sink_flow,
         )
 
 
@@ -478,7 +485,10 @@ def max_flows(cap: np.ndarray, sources: np.ndarray, num_threads: int = 1) -> tup
         _max_flows_part(cap, cap_t, rows, cols, sources, 0, 1, values, gaps)
         return values, gaps
     with ThreadPoolExecutor(parts - 1) as pool:
-        others = [pool.submit(_max_flows_part, cap, cap_t, rows, cols, sources, part, parts, values, gaps) for part in range(1, parts)]
+        others = [
+            pool.submit(_max_flows_part, cap, cap_t, rows, cols, sources, part, parts, values, gaps)
+            for part in range(1, parts)
+        ]
         # The calling thread runs part 0 itself rather than wait: one thread fewer to start.
         _max_flows_part(cap, cap_t, rows, cols, sources, 0, parts, values, gaps)
         for done in others:

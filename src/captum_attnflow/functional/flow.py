@@ -94,7 +94,8 @@ def flow(
 
     threads = numba.get_num_threads()
     check_flow_fits(layers[-1] + 1, batch, n, num_sources, len(layers), threads)
-    # float32 as the graph is: the kernel adds flows in float64 but stores capacities as given.
+    # The kernel stores capacities in float32 (float32 attentions are taken exactly; the result is
+    # float32 anyway) and adds flows in float64.
     caps = graph[: layers[-1] + 1].detach().to("cpu", torch.float32).numpy()
     real = mask.cpu().numpy()
     source_positions = source_positions.cpu().numpy()
