@@ -141,3 +141,34 @@ def make_evaluator(model: torch.nn.Module, calls: list) -> Evaluator:
         {"blank-out": BlankOut(model, token=UNK), "grad": TokenSaliency(model)},
         show_progress=False,
     )
+
+
+# Structured attention where many max flows fall below the trivial bound (the flow tests' graphs).
+
+
+def softmax_attention(logits: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(logits, -1)
+
+
+def causal_sink(layers: int, n: int, heads: int = 2, seed: int = 0) -> torch.Tensor:
+    """Causal attention whose heads pour most weight on token 0 (an attention sink)."""
+    generator = torch.Generator().manual_seed(seed)
+    logits = 2 * torch.randn(layers, 1, heads, n, n, generator=generator)
+    logits[..., 0] += 3
+    future = torch.ones(n, n, dtype=torch.bool).triu(1)
+    return softmax_attention(logits.masked_fill(future, float("-inf")))
+
+
+def banded(layers: int, n: int, width: int = 2, heads: int = 2, seed: int = 0) -> torch.Tensor:
+    """Local attention: each query sees the keys within ``width`` positions."""
+    generator = torch.Generator().manual_seed(seed)
+    logits = torch.randn(layers, 1, heads, n, n, generator=generator)
+    index = torch.arange(n)
+    far = (index[:, None] - index[None, :]).abs() > width
+    return softmax_attention(logits.masked_fill(far, float("-inf")))
+
+
+def peaked(layers: int, n: int, heads: int = 2, seed: int = 0) -> torch.Tensor:
+    """Nearly one-hot heads: each query attends to a few random keys."""
+    generator = torch.Generator().manual_seed(seed)
+    return softmax_attention(6 * torch.randn(layers, 1, heads, n, n, generator=generator))

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from captum_attnflow.extraction import extract_attentions
 from captum_attnflow.functional import attention_graph, flow, rollout_rows
 from captum_attnflow.functional._maxflow import _WORK_PER_THREAD, EPS, max_flows
-from helpers import make_tiny_model
+from helpers import banded, causal_sink, make_tiny_model, peaked
 
 
 def networkx_flow(graph: np.ndarray, source: int, sink: int) -> float:
@@ -34,34 +34,6 @@ def networkx_flow(graph: np.ndarray, source: int, sink: int) -> float:
     if (layers, source) not in network or (0, sink) not in network:
         return 0.0
     return nx.maximum_flow_value(network, (layers, source), (0, sink))
-
-
-def softmax_attention(logits: torch.Tensor) -> torch.Tensor:
-    return torch.softmax(logits, -1)
-
-
-def causal_sink(layers: int, n: int, heads: int = 2, seed: int = 0) -> torch.Tensor:
-    """Causal attention whose heads pour most weight on token 0 (an attention sink)."""
-    generator = torch.Generator().manual_seed(seed)
-    logits = 2 * torch.randn(layers, 1, heads, n, n, generator=generator)
-    logits[..., 0] += 3
-    future = torch.ones(n, n, dtype=torch.bool).triu(1)
-    return softmax_attention(logits.masked_fill(future, float("-inf")))
-
-
-def banded(layers: int, n: int, width: int = 2, heads: int = 2, seed: int = 0) -> torch.Tensor:
-    """Local attention: each query sees the keys within ``width`` positions."""
-    generator = torch.Generator().manual_seed(seed)
-    logits = torch.randn(layers, 1, heads, n, n, generator=generator)
-    index = torch.arange(n)
-    far = (index[:, None] - index[None, :]).abs() > width
-    return softmax_attention(logits.masked_fill(far, float("-inf")))
-
-
-def peaked(layers: int, n: int, heads: int = 2, seed: int = 0) -> torch.Tensor:
-    """Nearly one-hot heads: each query attends to a few random keys."""
-    generator = torch.Generator().manual_seed(seed)
-    return softmax_attention(6 * torch.randn(layers, 1, heads, n, n, generator=generator))
 
 
 def tiny_model(arch: str, n: int) -> torch.Tensor:

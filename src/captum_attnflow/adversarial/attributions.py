@@ -46,13 +46,7 @@ def attention_scores(model: nn.Module, task: Task, batch: Batch) -> dict[str, Te
     mask = batch["attention_mask"]
     raw = attentions.mean(2) * mask[None, :, :, None]
     maps = rollout(attentions, attention_mask=mask)
-    threads = torch.get_num_threads()
-    try:
-        flows = flow(attentions, layer=None, sources=None if task.per_token else [0], attention_mask=mask, show_progress=False)
-    finally:
-        # numba's OpenMP layer resets the process's OpenMP thread count, which torch reads:
-        # without this, training after the first flow would run on a different thread count.
-        torch.set_num_threads(threads)
+    flows = flow(attentions, layer=None, sources=None if task.per_token else [0], attention_mask=mask, show_progress=False)
     if task.per_token:
         return {"raw": raw, "rollout": maps, "flow": flows}
     return {"raw": raw[:, :, :1], "rollout": maps[:, :, :1], "flow": flows}

@@ -8,9 +8,12 @@ The residual-adjusted attention matrices :math:`A_l` of
 :math:`(l, p)` to :math:`(0, j)`. Unlike rollout, which sums products along paths, a max flow
 is limited by the narrowest cut between the two nodes.
 
-The max flows run in a compiled kernel (:mod:`captum_attnflow.functional._maxflow`) in float64:
-each value is at most ``1e-12`` per graph edge below the exact maximum flow of the graph given
-in float32 (see that module for the certificate), far below float32's own rounding.
+The max flows run in a compiled kernel (:mod:`captum_attnflow.functional._maxflow`) adding
+flows in float64 on the float32 capacities: each value is at most ``1e-12`` per graph edge below
+the exact maximum flow of the graph given in float32 (see that module for the certificate), far
+below float32's own rounding. The graph of the layers up to the requested one is held on the
+CPU, ``(4 B + 9 + 16 T) L n^2`` bytes with ``T`` kernel threads; a call that would not fit in
+the memory available raises ValueError before it starts.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from tqdm.auto import tqdm
 
 from captum_attnflow.docstrings import fill_docstring
 from captum_attnflow.functional._maxflow import max_flows
+from captum_attnflow.functional._memory import check_flow_fits
 from captum_attnflow.functional.checks import POSITION_DOC, Attentions, head_indices, layer_indices, positions, shape_result
 from captum_attnflow.functional.graph import AttentionGraph, as_graph
 from captum_attnflow.functional.rollout import HEAD_DOC
@@ -101,8 +105,16 @@ def flow(
     num_sources = source_positions.shape[1]
     heads = head_indices(head, graph.heads.shape[2]) if head is not None else [None]
 
-    caps = graph.weights[: layers[-1] + 1].detach().to("cpu", torch.float64).numpy()
-    head_caps = graph.heads.detach().to("cpu", torch.float64).numpy() if head is not None else None
+    # numba's threading layer, started by its first call, resets the process's OpenMP thread count,
+    # which torch reads too: the caller's torch thread count is put back afterwards.
+    torch_threads = torch.get_num_threads()
+    threads = numba.get_num_threads()
+    torch.set_num_threads(torch_threads)
+    check_flow_fits(layers[-1] + 1, batch, n, num_sources, len(layers) * len(heads), threads)
+    # The kernel stores capacities in float32 (float32 attentions are taken exactly; the result is
+    # float32 anyway) and adds flows in float64.
+    caps = graph.weights[: layers[-1] + 1].detach().to("cpu", torch.float32).numpy()
+    head_caps = graph.heads.detach().to("cpu", torch.float32).numpy() if head is not None else None
     real = graph.mask.cpu().numpy()
     source_positions = source_positions.cpu().numpy()
     values = np.zeros((len(layers), len(heads), batch, num_sources, n))
@@ -113,24 +125,27 @@ def flow(
         total=len(layers) * len(heads) * batch * num_sources, desc="attention flow", unit="source", disable=not show
     )
     per_call = _SOURCES_PER_UPDATE if show else num_sources
-    for b in range(batch):
-        keep = np.flatnonzero(real[b])
-        # Padding is not in the graph: the kernel sees the real positions only, renumbered.
-        renumber = np.full(n, -1)
-        renumber[keep] = np.arange(keep.size)
-        example_sources = renumber[source_positions[b]]
-        valid = np.flatnonzero(example_sources >= 0)
-        for out, index in enumerate(layers):
-            for slot, k in enumerate(heads):
-                cap = np.ascontiguousarray(caps[: index + 1, b][:, keep][:, :, keep])
-                if k is not None:  # Appendix A.1: head k on top, the layers below fused
-                    cap[index] = head_caps[index, b, k][keep][:, keep]
-                for start in range(0, valid.size, per_call):
-                    chunk = valid[start : start + per_call]
-                    result, _ = max_flows(cap, example_sources[chunk], numba.get_num_threads())
-                    values[out, slot, b, chunk[:, None], keep[None, :]] = result
-                    progress.update(chunk.size)
-                progress.update(num_sources - valid.size)
+    try:
+        for b in range(batch):
+            keep = np.flatnonzero(real[b])
+            # Padding is not in the graph: the kernel sees the real positions only, renumbered.
+            renumber = np.full(n, -1)
+            renumber[keep] = np.arange(keep.size)
+            example_sources = renumber[source_positions[b]]
+            valid = np.flatnonzero(example_sources >= 0)
+            for out, index in enumerate(layers):
+                for slot, k in enumerate(heads):
+                    cap = np.ascontiguousarray(caps[: index + 1, b][:, keep][:, :, keep])
+                    if k is not None:  # Appendix A.1: head k on top, the layers below fused
+                        cap[index] = head_caps[index, b, k][keep][:, keep]
+                    for start in range(0, valid.size, per_call):
+                        chunk = valid[start : start + per_call]
+                        result, _ = max_flows(cap, example_sources[chunk], threads)
+                        values[out, slot, b, chunk[:, None], keep[None, :]] = result
+                        progress.update(chunk.size)
+                    progress.update(num_sources - valid.size)
+    finally:
+        torch.set_num_threads(torch_threads)
     progress.close()
 
     result = torch.from_numpy(values)

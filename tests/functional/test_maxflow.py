@@ -1,0 +1,128 @@
+"""Tests of the max-flow kernel behind functional.flow, with its certificate, and of flow's memory check.
+
+Each value the kernel returns comes with a gap: an upper bound (a cut of the graph, or a
+trivial bound) minus the flow found. The tests check the certificate itself, not only the
+values: networkx's max flow lies in [value, value + gap] and the gap is at most EPS per edge.
+The graphs are structured (causal attention with a sink, local bands, peaked heads, random
+zero patterns) so that many flows fall below the trivial bound min(1, column sum) and the
+later Dinic phases run, not only the first greedy fill.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import networkx as nx
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from captum_attnflow.functional import attention_graph, flow
+from captum_attnflow.functional import _memory
+from captum_attnflow.functional._maxflow import EPS, max_flows
+from helpers import banded, causal_sink, peaked
+
+
+def network(graph: np.ndarray) -> nx.DiGraph:
+    """networkx graph of one example's (l, n, n) capacities: node (k, i), edge (k, i) -> (k-1, j)."""
+    layers, n, _ = graph.shape
+    result = nx.DiGraph()
+    result.add_nodes_from(itertools.product(range(layers + 1), range(n)))
+    for k, i, j in zip(*np.nonzero(graph)):
+        result.add_edge((k + 1, i), (k, j), capacity=float(graph[k, i, j]))
+    return result
+
+
+def reference(graph: np.ndarray, sources, sinks) -> np.ndarray:
+    layers = graph.shape[0]
+    net = network(graph)
+    return np.array([[nx.maximum_flow_value(net, (layers, s), (0, t)) for t in sinks] for s in sources])
+
+
+def assert_certified(graph: np.ndarray, values: np.ndarray, gaps: np.ndarray, exact: np.ndarray) -> None:
+    """exact - gap <= value <= exact (to float64 rounding) and 0 <= gap <= EPS * edges."""
+    assert (gaps >= -1e-15).all() and (gaps <= EPS * graph.size).all()
+    assert (values <= exact + 1e-12).all()
+    assert (values >= exact - gaps - 1e-12).all()
+
+
+def trivial(graph: np.ndarray, sources, sinks) -> np.ndarray:
+    return np.minimum(graph[-1].sum(1)[sources][:, None], graph[0].sum(0)[sinks][None, :])
+
+
+STRUCTURED = {
+    "causal-sink L=6 n=32": lambda: causal_sink(6, 32, heads=4, seed=11),
+    "banded L=6 n=32": lambda: banded(6, 32, width=3, heads=2, seed=12),
+    "peaked L=4 n=24": lambda: peaked(4, 24, heads=2, seed=13),
+}
+
+
+@pytest.mark.parametrize("name", sorted(STRUCTURED))
+def test_structured_graphs_match_networkx_with_certificate(name):
+    # Capacities in float32, as flow passes them; networkx gets the same numbers in float64.
+    graph = attention_graph(STRUCTURED[name]()).weights[:, 0].numpy().astype(np.float64)
+    n = graph.shape[1]
+    sources = [n - 1, n // 2, 3]
+    sinks = list(range(0, n, 4))
+    values, gaps = max_flows(graph, np.array(sources), 2)
+    exact = reference(graph, sources, sinks)
+    assert_certified(graph, values[:, sinks], gaps[:, sinks], exact)
+    # The cases must be hard: many flows strictly below the trivial bound.
+    below = exact < trivial(graph, sources, sinks) - 1e-3
+    assert below.mean() >= 0.5, below.mean()
+
+
+def capacity_graphs():
+    """(l, n, n) float32-valued capacities: rows of random weights on random supports, some rows empty."""
+    return st.tuples(st.integers(1, 4), st.integers(2, 7), st.integers(0, 2**16), st.floats(0.2, 0.9)).map(_graph)
+
+
+def _graph(args) -> np.ndarray:
+    layers, n, seed, density = args
+    rng = np.random.default_rng(seed)
+    weights = rng.exponential(size=(layers, n, n)) ** 3
+    weights *= rng.random((layers, n, n)) < density
+    rows = weights.sum(-1, keepdims=True)
+    graph = np.where(rows > 0, weights / np.where(rows > 0, rows, 1), 0)
+    return graph.astype(np.float32).astype(np.float64)
+
+
+@settings(max_examples=40, deadline=None)
+@given(capacity_graphs())
+def test_kernel_matches_networkx_on_sparse_graphs(graph):
+    n = graph.shape[1]
+    values, gaps = max_flows(graph, np.arange(n), 1)
+    assert_certified(graph, values, gaps, reference(graph, range(n), range(n)))
+
+
+def test_memory_estimate_by_hand():
+    # L=2, B=3, n=4: 32 edges per example; graph 4*3*32, kernel (9 + 16*2)*32, result 12*1*3*2*4.
+    assert _memory.flow_bytes(layers=2, batch=3, n=4, num_sources=2, out_layers=1, threads=2) == 384 + 1312 + 288
+
+
+def test_flow_that_does_not_fit_fails_before_starting(monkeypatch):
+    attentions = causal_sink(3, 8)
+    needed = _memory.flow_bytes(3, 1, 8, 8, 1, 4)
+    monkeypatch.setattr(_memory, "available_bytes", lambda: needed // 100)
+    with pytest.raises(ValueError, match="fewer sources.*shorter input"):
+        flow(attentions, sources=None)
+    monkeypatch.setattr(_memory, "available_bytes", lambda: None)
+    assert flow(attentions, sources=None).shape == (1, 8, 8)
+
+
+def test_available_memory_is_known_here():
+    available = _memory.available_bytes()
+    assert available is None or available > 0
+    if available is not None:
+        # A flow the size of the whole machine's memory cannot be accepted.
+        with pytest.raises(ValueError, match="GiB"):
+            _memory.check_flow_fits(layers=12, batch=available // 2**20, n=2**10, num_sources=1, out_layers=1, threads=1)
+
+
+def test_flow_keeps_float32_capacities_exact():
+    # A float32 graph goes to the kernel unchanged: one layer's flow is its mixed attention row.
+    attentions = torch.softmax(torch.randn(1, 1, 2, 6, 6, generator=torch.Generator().manual_seed(3)), -1)
+    expected = attention_graph(attentions).weights[0, 0]
+    assert torch.equal(flow(attentions, sources=None)[0], expected)
