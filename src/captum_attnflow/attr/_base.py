@@ -83,10 +83,10 @@ class AttentionAttribution(Attribution):
             keep_heads, self.lean,
         )
         batch = inputs.shape[0]
-        n = graph.weights.shape[-1] if images else inputs.shape[1]
-        if tuple(graph.weights.shape[1:]) != (batch, n, n):
+        n = graph.mask.shape[1] if images else inputs.shape[1]
+        if tuple(graph.mask.shape) != (batch, n):  # the shape check without building a streamed graph's layers
             raise ValueError(
-                f"forward_func returned attentions over {graph.weights.shape[-1]} tokens for {graph.weights.shape[1]} "
+                f"forward_func returned attentions over {graph.mask.shape[1]} tokens for {graph.mask.shape[0]} "
                 f"examples but inputs have shape {tuple(inputs.shape)}; expected one (B, H, n, n) = "
                 f"({batch}, H, {n}, {n}) tensor per layer, row = query, as transformers returns for output_attentions=True."
             )
