@@ -364,7 +364,7 @@ class Reproduction:
         ax.set_xlabel("layer")
         ax.set_ylabel("fraction of examples with attractors")
         ax.set_title("subject scored above every attractor")
-        ax.legend(fontsize="small", loc="lower left")
+        ax.legend(fontsize="x-small", ncols=2, loc="lower right")
         return figure
 
     def save(self, directory: str | Path) -> list[Path]:
