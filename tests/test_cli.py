@@ -15,7 +15,7 @@ import torch
 
 from transformers import BertConfig, BertForSequenceClassification, BertModel, BertTokenizerFast
 
-from captum_attnflow import AttentionFlow, AttentionRollout, RawAttention
+from captum_attnflow import AttentionFlow, AttentionRollout
 from captum_attnflow.cli import main
 from captum_attnflow.data import build_tokenizer
 from captum_attnflow.models import AgreementConfig, AgreementModel
