@@ -9,10 +9,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from transformers import PreTrainedTokenizerFast
 
 from captum_attnflow import extract_attentions, load_agreement_model
 from captum_attnflow.data import build_tokenizer, encode_examples, generate_examples
 from captum_attnflow.models import AgreementConfig, AgreementModel
+from captum_attnflow.models.train import END_TOKEN, with_end_token
 from captum_attnflow.models.bundled import ASSET_DIR
 from captum_attnflow.models.train import evaluate, main
 
@@ -175,3 +177,12 @@ def test_bundled_model_is_small_offline_and_accurate():
 def test_docstring_examples_run(module):
     results = doctest.testmod(importlib.import_module(module))
     assert results.attempted > 0 and results.failed == 0
+
+
+def test_end_token_tokenizer_survives_saving(tmp_path):
+    with_end_token(build_tokenizer()).save_pretrained(tmp_path)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(tmp_path)
+    batch = tokenizer([["the", "keys"], ["a", "dog", "near", "the", "cabinets"]], is_split_into_words=True, padding=True)
+    tokens = [tokenizer.convert_ids_to_tokens(ids) for ids in batch["input_ids"]]
+    assert tokens == [["[CLS]", "the", "keys", END_TOKEN, "[PAD]", "[PAD]", "[PAD]"],
+                      ["[CLS]", "a", "dog", "near", "the", "cabinets", END_TOKEN]]
