@@ -168,8 +168,8 @@ class Reproduction:
             dict[str, numpy.ndarray]: ``{"raw", "rollout", "flow"}`` (L,), ``{"blank-out",
             "input gradients", "chance"}`` (1,); example in the class docstring.
         """
-        fractions = {name: first.mean(1) for name, first in self.subject_first.items()}
-        fractions["chance"] = np.array([np.mean(1.0 / (1.0 + self.num_attractors))])
+        fractions = {name: _fraction(first) for name, first in self.subject_first.items()}
+        fractions["chance"] = _fraction(1.0 / (1.0 + self.num_attractors[None]))
         return fractions
 
     def ground_truth_ties(self) -> dict[str, np.ndarray]:
@@ -188,7 +188,7 @@ class Reproduction:
             >>> [round(float(value), 3) for value in result.ground_truth_ties()["flow"]]
             [0.0, 0.0, 0.0, 0.538, 0.538, 0.538]
         """
-        return {name: tied.mean(1) for name, tied in self.subject_tied.items()}
+        return {name: _fraction(tied) for name, tied in self.subject_tied.items()}
 
     def paper_values(self) -> dict[tuple, tuple[float, float]]:
         """The paper's (mean, std) for every (method, reference, layer) of :attr:`correlations`
@@ -707,6 +707,11 @@ def _subject_versus_attractors(scores: Tensor, subjects: Tensor, attractors: Ten
     best_attractor = at_attractors.masked_fill(attractors[None] < 0, float("-inf")).amax(2)
     tied = (subject - best_attractor).abs() <= TIE_ATOL
     return (subject > best_attractor) & ~tied, tied
+
+
+def _fraction(values: np.ndarray) -> np.ndarray:
+    """Row means of (K, M) values; NaN when no example has attractors (M = 0), e.g. a few short inputs."""
+    return values.mean(1) if values.shape[1] else np.full(values.shape[0], np.nan)
 
 
 def _write_csv(path: Path, fields: list[str], rows: list[dict]) -> None:
