@@ -1,17 +1,22 @@
-"""The ``captum-attnflow`` command: explain a sentence with the bundled model, reproduce the paper's tables.
+"""The ``captum-attnflow`` command: explain a sentence, draw the paper's figures, reproduce its tables.
 
 ``captum-attnflow explain "the keys to the cabinet"`` prints the model's prediction and
-per-token scores and writes a layers x tokens heatmap; ``captum-attnflow reproduce`` computes
-Tables 1 and 2 of Abnar & Zuidema (2020) (see :mod:`captum_attnflow.reproduce`);
-``captum-attnflow adversarial`` runs the adversarial-attention study (see
-:mod:`captum_attnflow.adversarial.study`). Both run on
-the verb-number model that ships with the package, or on a checkpoint directory saved with
-``save_pretrained`` (``--model DIR``).
+per-token scores and writes a layers x tokens heatmap; ``captum-attnflow figures`` draws the
+paper's Figure 1 (raw attention, rollout and flow of every position at every layer) and
+Figures 2-3 (the CLS token over layers) for a sentence; ``captum-attnflow reproduce`` computes
+Tables 1 and 2 of Abnar & Zuidema (2020) (see :mod:`captum_attnflow.reproduce`). They run on
+the verb-number model that ships with the package or on a checkpoint directory saved with
+``save_pretrained`` (``--model DIR``): an agreement model, or for ``explain`` and ``figures``
+any Hugging Face sequence-classification model saved with its tokenizer. ``captum-attnflow generate``
+explains a language model's continuation of a prompt; ``captum-attnflow adversarial`` runs the
+adversarial-attention study (see :mod:`captum_attnflow.adversarial.study`).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -19,19 +24,26 @@ from typing import Any, Sequence
 import torch
 
 from captum_attnflow.adversarial.study import DEFAULT_LAMBDAS, MODELS, run_study
-from captum_attnflow.attr import AttentionFlow, AttentionRollout, RawAttention
-from captum_attnflow.baselines import BlankOut, TokenSaliency
 from captum_attnflow.data.agreement import PLURAL, SINGULAR
-from captum_attnflow.models import load_agreement_model
-from captum_attnflow.reproduce import reproduce
-from captum_attnflow.visualize import plot_methods
+from captum_attnflow.hf import extract_attentions
+from captum_attnflow.methods import METHODS, attention_methods
+from captum_attnflow.models import AgreementConfig, load_agreement_model
+from captum_attnflow.reproduce import DATA, PROTOCOLS, RANKINGS, reproduce
+from captum_attnflow.visualize import plot_methods, plot_position_maps
 
-ATTENTION_METHODS = {"raw": RawAttention, "rollout": AttentionRollout, "flow": AttentionFlow}
-OUTPUT_METHODS = ("saliency", "blankout")
-METHODS = (*ATTENTION_METHODS, *OUTPUT_METHODS)
 NUMBERS = {SINGULAR: "singular", PLURAL: "plural"}
 DEFAULT_HEATMAP = Path("captum_attnflow_explain.png")
 DEFAULT_REPRODUCTION_DIR = Path("captum_attnflow_reproduction")
+DEFAULT_FIGURES_DIR = Path("captum_attnflow_figures")
+IMAGE_SUFFIXES = (".png", ".pdf", ".svg", ".jpg")
+# What the colour bars of the figures show.
+VALUE_LABELS = {
+    "raw": "attention weight (head mean)",
+    "rollout": "rollout score",
+    "flow": "max-flow value",
+    "saliency": "gradient norm",
+    "blankout": "drop in probability",
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -100,11 +112,31 @@ def _parser() -> argparse.ArgumentParser:
         "unless one attention method is chosen)",
     )
     explain.add_argument(
-        "--out", type=Path, default=DEFAULT_HEATMAP, metavar="FILE.png",
-        help=f"where to write the heatmap (default: {DEFAULT_HEATMAP})",
+        "--out", type=Path, default=DEFAULT_HEATMAP, metavar="FILE.png|DIR",
+        help=f"where to write the heatmap: an image file, or a directory to write {DEFAULT_HEATMAP} into "
+        f"(default: {DEFAULT_HEATMAP})",
     )
-    explain.add_argument("--model", type=Path, metavar="DIR", help="a saved model directory instead of the bundled one")
+    explain.add_argument(
+        "--model", type=Path, metavar="DIR",
+        help="a saved model directory instead of the bundled one: an agreement model, or any Hugging Face "
+        "sequence-classification model saved with its tokenizer",
+    )
     explain.set_defaults(run=_explain)
+
+    figures = commands.add_parser(
+        "figures",
+        help="draw the paper's Figures 1-3 for a sentence",
+        description="Figure 1: raw attention, rollout and flow of every position (rows of a panel) over the "
+        "input tokens, at every layer. Figures 2-3: the CLS token's scores over layers for the three "
+        "methods. Writes figure1.png and figures2_3.png into DIR.",
+    )
+    figures.add_argument("sentence", help='the sentence up to the verb, e.g. "the keys to the cabinet"')
+    figures.add_argument(
+        "--out", type=Path, default=DEFAULT_FIGURES_DIR, metavar="DIR",
+        help=f"output directory (default: {DEFAULT_FIGURES_DIR})",
+    )
+    figures.add_argument("--model", type=Path, metavar="DIR", help="a saved model directory (as for explain)")
+    figures.set_defaults(run=_figures)
 
     repro = commands.add_parser(
         "reproduce",
@@ -122,7 +154,24 @@ def _parser() -> argparse.ArgumentParser:
     repro.add_argument("--seed", type=int, default=0, help="seed of the generated held-out examples (default: 0)")
     repro.add_argument("--batch-size", type=_positive, default=200, help="examples per batch (default: 200)")
     repro.add_argument("--include-cls", action="store_true", help="rank [CLS] together with the words")
-    repro.add_argument("--model", type=Path, metavar="DIR", help="a saved model directory instead of the bundled one")
+    repro.add_argument(
+        "--protocol", choices=PROTOCOLS, default="ours",
+        help="ours (default), or paper: the authors' definitions (absolute blank-out, every token ranked, "
+        "the gradient sum in float32 and float64), printed before ours",
+    )
+    repro.add_argument(
+        "--data", choices=tuple(DATA), default="generated",
+        help="generated (default: median 11 words, 0-3 attractors uniformly) or short (like the paper's "
+        "inputs: median 7 words, mostly without attractors)",
+    )
+    repro.add_argument(
+        "--ranking", choices=RANKINGS, default="average",
+        help="with --protocol paper, dense adds the authors' Spearman formula (no-ties formula on dense ranks)",
+    )
+    repro.add_argument(
+        "--model", type=Path, metavar="DIR",
+        help="a saved agreement model directory instead of the bundled one (e.g. trained with --end-token)",
+    )
     repro.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     repro.set_defaults(run=_reproduce)
     _add_generate(commands)
@@ -151,24 +200,79 @@ def _whole_number(value: str, expected: str, below_one: str) -> int:
     return number
 
 
-def _load(directory: Path | None) -> tuple[Any, Any]:
-    if directory is not None and not directory.is_dir():
-        raise FileNotFoundError(f"--model {directory} is not a directory saved with save_pretrained.")
-    return load_agreement_model(directory)
+def _load(directory: Path | None, agreement_only: bool = False) -> tuple[Any, Any]:
+    """The bundled model, a saved agreement model, or (unless ``agreement_only``) any saved
+    Hugging Face sequence-classification model and its tokenizer; anything else is refused
+    before a model with random weights could be built from it."""
+    if directory is None:
+        return load_agreement_model()
+    if not directory.is_dir() or not (directory / "config.json").is_file():
+        raise FileNotFoundError(f"--model {directory} is not a directory saved with save_pretrained (no config.json).")
+    config = json.loads((directory / "config.json").read_text())
+    kind = config.get("model_type")
+    if kind == AgreementConfig.model_type:
+        return load_agreement_model(directory)
+    if agreement_only:
+        raise ValueError(
+            f"--model {directory} holds a {kind!r} model; reproduce needs the verb-number agreement model "
+            "(`python -m captum_attnflow.models.train --out DIR`), whose data and classes it evaluates."
+        )
+    heads = [name for name in config.get("architectures") or [] if name.endswith("ForSequenceClassification")]
+    if not heads:
+        raise ValueError(
+            f"--model {directory} holds a {kind!r} model ({', '.join(config.get('architectures') or ['no architecture'])}) "
+            "without a sequence-classification head, so it makes no prediction to explain: save a "
+            "*ForSequenceClassification model (model.save_pretrained(DIR); tokenizer.save_pretrained(DIR))."
+        )
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    except (OSError, ValueError, TypeError) as error:
+        raise ValueError(f"--model {directory} has no loadable tokenizer: save it beside the model ({error}).") from None
+    model = AutoModelForSequenceClassification.from_pretrained(directory, local_files_only=True).eval()
+    return model, tokenizer
 
 
-def _explain(args: argparse.Namespace) -> int:
-    model, tokenizer = _load(args.model)
-    num_layers = model.config.num_hidden_layers
-    if args.layer is not None and args.layer > num_layers:
-        raise ValueError(f"--layer {args.layer} is out of range: the model has layers 1..{num_layers} (or all).")
-    encoded = tokenizer(args.sentence, return_tensors="pt", return_offsets_mapping=True)
-    ids = encoded["input_ids"]
-    if ids.shape[1] < 2:
+def _label(model: Any, index: int) -> str:
+    if isinstance(model.config, AgreementConfig):
+        return NUMBERS[index]
+    return str(model.config.id2label.get(index, index))
+
+
+def _image_path(out: Path, default_name: str) -> Path:
+    """Where a figure goes (``out`` itself, or ``out/default_name`` for a directory), its folder
+    created now: a bad path fails before the computation, not after it."""
+    path = out / default_name if out.is_dir() else out
+    if path.suffix.lower() not in IMAGE_SUFFIXES:
+        raise ValueError(
+            f"--out {out} is neither an existing directory nor an image file name; end it with "
+            f"{', '.join(IMAGE_SUFFIXES)}, or create the directory first."
+        )
+    return _writable(path.parent, out) / path.name
+
+
+def _writable(directory: Path, out: Path) -> Path:
+    """Create ``directory`` (and its parents) and check it can be written, naming ``--out`` in the error."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ValueError(f"--out {out}: cannot create the directory {directory} ({error.strerror}).") from None
+    if not os.access(directory, os.W_OK):
+        raise ValueError(f"--out {out}: the directory {directory} is not writable.")
+    return directory
+
+
+def _encode_sentence(sentence: str, tokenizer: Any) -> tuple[torch.Tensor, list[str]]:
+    """Token ids (1, n) and token strings of a sentence; words the tokenizer does not know are
+    reported on stderr."""
+    if not sentence.strip():
         raise ValueError("the sentence has no words; pass e.g. \"the keys to the cabinet\".")
+    encoded = tokenizer(sentence, return_tensors="pt", return_offsets_mapping=True)
+    ids = encoded["input_ids"]
     tokens = tokenizer.convert_ids_to_tokens(ids[0].tolist())
     unknown = [
-        args.sentence[start:end]
+        sentence[start:end]
         for token, (start, end) in zip(tokens, encoded["offset_mapping"][0].tolist())
         if token == tokenizer.unk_token
     ]
@@ -177,29 +281,66 @@ def _explain(args: argparse.Namespace) -> int:
             f"warning: not in the model's vocabulary, read as {tokenizer.unk_token}: {', '.join(unknown)}",
             file=sys.stderr,
         )
+    return ids, tokens
+
+
+def _predict(model: Any, ids: torch.Tensor) -> tuple[int, str]:
     with torch.no_grad():
         probabilities = torch.softmax(model(ids).logits[0].float(), -1)
     predicted = int(probabilities.argmax())
-    prediction = f"{NUMBERS[predicted]} (probability {probabilities[predicted]:.3f})"
+    return predicted, f"{_label(model, predicted)} (probability {probabilities[predicted]:.3f})"
+
+
+def _explain(args: argparse.Namespace) -> int:
+    out = _image_path(args.out, DEFAULT_HEATMAP.name)
+    model, tokenizer = _load(args.model)
+    num_layers = model.config.num_hidden_layers
+    if args.layer is not None and args.layer > num_layers:
+        raise ValueError(f"--layer {args.layer} is out of range: the model has layers 1..{num_layers} (or all).")
+    ids, tokens = _encode_sentence(args.sentence, tokenizer)
+    predicted, prediction = _predict(model, ids)
     print(f"prediction: {prediction}")
 
-    methods = METHODS if args.method == "all" else (args.method,)
+    methods = tuple(METHODS) if args.method == "all" else (args.method,)
     layers = list(range(num_layers)) if args.layer is None else [args.layer - 1]
     scores, labels = {}, {}
-    for method in methods:
-        if method in ATTENTION_METHODS:
-            scores[method] = ATTENTION_METHODS[method](model).attribute(ids, layer=None)[layers, 0]
-            labels[method] = [f"L{layer + 1}" for layer in layers]
-        elif method == "saliency":
-            scores[method] = TokenSaliency(model).attribute(ids, target=predicted)
+    for name in methods:
+        method = METHODS[name].build(model, tokenizer)
+        if METHODS[name].per_layer:
+            scores[name] = method.attribute(ids, layer=None)[layers, 0]
+            labels[name] = [f"L{layer + 1}" for layer in layers]
         else:
-            scores[method] = BlankOut(model, tokenizer=tokenizer).attribute(ids, target=predicted)
-
+            scores[name] = method.attribute(ids, target=predicted)
     print(_score_table(tokens, scores, labels))
-    figure = plot_methods(scores, tokens, title=f'"{args.sentence}": {prediction}', layer_labels=labels)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(args.out, dpi=120)
-    print(f"heatmap written to {args.out}")
+    figure = plot_methods(scores, tokens, title=f'"{args.sentence}": {prediction}', layer_labels=labels,
+                          value_labels=VALUE_LABELS)
+    figure.savefig(out, dpi=120)
+    print(f"heatmap written to {out}")
+    return 0
+
+
+def _figures(args: argparse.Namespace) -> int:
+    if args.out.exists() and not args.out.is_dir():
+        raise ValueError(f"--out {args.out} is a file; figures writes two images: give a directory.")
+    out = _writable(args.out, args.out)
+    model, tokenizer = _load(args.model)
+    ids, tokens = _encode_sentence(args.sentence, tokenizer)
+    _, prediction = _predict(model, ids)
+    # One forward pass serves every method and position.
+    attentions = extract_attentions(model, ids)
+    maps = {}
+    for name in attention_methods():
+        method = METHODS[name].build(lambda _: attentions, tokenizer)
+        maps[name] = torch.stack([method.attribute(ids, position=i, layer=None)[:, 0] for i in range(len(tokens))], 1)
+    quoted = f'"{args.sentence}": {prediction}'
+    first = out / "figure1.png"
+    plot_position_maps(maps, tokens, title=f"Figure 1: every position at every layer, {quoted}",
+                       value_labels=VALUE_LABELS).savefig(first, dpi=120)
+    second = out / "figures2_3.png"
+    plot_methods({name: values[:, 0] for name, values in maps.items()}, tokens,
+                 title=f"Figures 2-3: {tokens[0]} over layers, {quoted}", value_labels=VALUE_LABELS).savefig(second, dpi=120)
+    print(f"prediction: {prediction}")
+    print(f"written: {first}, {second}")
     return 0
 
 
@@ -225,7 +366,12 @@ def _score_table(tokens: list[str], scores: dict[str, torch.Tensor], labels: dic
 
 
 def _reproduce(args: argparse.Namespace) -> int:
-    model, tokenizer = _load(args.model)
+    if args.out.exists() and not args.out.is_dir():
+        raise ValueError(f"--out {args.out} is a file; reproduce writes several files: give a directory.")
+    if args.ranking == "dense" and args.protocol != "paper":
+        raise ValueError("--ranking dense is the authors' Spearman formula: add --protocol paper.")
+    out = _writable(args.out, args.out)
+    model, tokenizer = _load(args.model, agreement_only=True)
     result = reproduce(
         num_samples=args.samples,
         seed=args.seed,
@@ -234,9 +380,12 @@ def _reproduce(args: argparse.Namespace) -> int:
         tokenizer=tokenizer,
         include_cls=args.include_cls,
         progress=not args.no_progress,
+        protocol=args.protocol,
+        data=args.data,
+        ranking=args.ranking,
     )
     print(result.to_markdown())
-    paths = result.save(args.out)
+    paths = result.save(out)
     print("\nwritten: " + ", ".join(str(path) for path in paths))
     return 0
 
@@ -255,7 +404,7 @@ def _add_generate(commands: Any) -> None:
     generate.add_argument("prompt", help='the prompt, e.g. "the keys to the cabinet"')
     generate.add_argument("--target", help="explain this continuation instead of generating one")
     generate.add_argument(
-        "--method", choices=tuple(ATTENTION_METHODS), default="rollout", help="attribution method (default: rollout)"
+        "--method", choices=attention_methods(), default="rollout", help="attribution method (default: rollout)"
     )
     generate.add_argument(
         "--layer", type=_positive, default=None, metavar="N", help="explain after layer N (default: the last)"
@@ -285,7 +434,7 @@ def _generate(args: argparse.Namespace) -> int:
         model, tokenizer = load_agreement_lm()
     else:
         model, tokenizer = _load_language_model(args.model)
-    explainer = LLMAttentionAttribution(ATTENTION_METHODS[args.method](model), tokenizer)
+    explainer = LLMAttentionAttribution(METHODS[args.method].build(model, tokenizer), tokenizer)
     result = explainer.attribute(
         args.prompt,
         target=args.target,

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import doctest
-import importlib
 import math
 
 import pytest
@@ -192,12 +190,3 @@ def test_command_errors():
     with pytest.raises(SystemExit):
         main(["adversarial", "--models", "bert"])
     assert main(["adversarial", "--lambdas", "-1", "--no-progress"]) == 1
-
-
-@pytest.mark.parametrize(
-    "module",
-    ["tasks", "training", "global_adversarial", "per_instance", "probing", "attributions", "study"],
-)
-def test_docstring_examples_run(module):
-    results = doctest.testmod(importlib.import_module(f"captum_attnflow.adversarial.{module}"))
-    assert results.attempted > 0 and results.failed == 0

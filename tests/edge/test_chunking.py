@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import doctest
-import importlib
 
 import pytest
 import torch
@@ -113,8 +111,3 @@ def test_encode_and_decode_round_trip():
         torch.arange(batch["labels"].shape[1]) == 0
     ).all()
     assert decode_tags(batch["labels"].clamp_min(0), batch["attention_mask"]) == [list(e.tags) for e in examples]
-
-
-def test_docstring_examples_run():
-    results = doctest.testmod(importlib.import_module("captum_attnflow.data.chunking"))
-    assert results.attempted > 0 and results.failed == 0

@@ -11,7 +11,9 @@ import subprocess
 import pytest
 import torch
 
-from captum_attnflow import AttentionRollout
+from transformers import BertConfig, BertForSequenceClassification, BertModel, BertTokenizerFast
+
+from captum_attnflow import AttentionFlow, AttentionRollout
 from captum_attnflow.cli import main
 from captum_attnflow.data import build_tokenizer
 from captum_attnflow.models import AgreementConfig, AgreementModel
@@ -43,15 +45,16 @@ def _table(output: str) -> dict[str, list[float]]:
     return rows
 
 
-@pytest.mark.parametrize("command", [[], ["explain"], ["reproduce"]])
+@pytest.mark.parametrize("command", [[], ["explain"], ["reproduce"], ["figures"]])
 def test_every_command_has_help(command, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main([*command, "--help"])
     assert exit_info.value.code == 0
     text = capsys.readouterr().out
     assert text.startswith("usage: captum-attnflow")
-    expected = {(): ["explain", "reproduce"], ("explain",): ["--method", "--layer", "--out"],
-                ("reproduce",): ["--samples", "--out", "--seed"]}[tuple(command)]
+    expected = {(): ["explain", "reproduce", "figures"], ("explain",): ["--method", "--layer", "--out"],
+                ("reproduce",): ["--samples", "--out", "--seed", "--protocol", "--data", "--ranking"],
+                ("figures",): ["--out", "--model"]}[tuple(command)]
     assert all(option in text for option in expected)
 
 
@@ -155,11 +158,103 @@ def test_reproduce_writes_both_tables(model_dir, tmp_path, capsys):
     assert main(["reproduce", "--samples", "6", "--seed", "1", "--batch-size", "4", "--out", str(out),
                  "--model", str(model_dir), "--no-progress"]) == 0
     printed = capsys.readouterr().out
-    assert "Table 1: Spearman correlation with blank-out" in printed
-    assert "Table 2: Spearman correlation with input gradients" in printed
+    assert "Table 1, our protocol" in printed and "Spearman correlation with blank-out" in printed
+    assert "Table 2, our protocol" in printed and "Spearman correlation with input gradients" in printed
     assert "| flow (ours) |" in printed and "| flow (paper) |" in printed
     assert "(6 examples)" in printed
     for name in ("reproduction.md", "table1_blank_out.csv", "table2_input_gradients.csv", "ground_truth.csv",
                  "reproduction.png"):
         assert (out / name).stat().st_size > 0, name
         assert str(out / name) in printed
+
+@pytest.fixture(scope="module")
+def bert_dirs(tmp_path_factory):
+    """A BERT sequence classifier and a BERT without a classification head, each saved with its
+    tokenizer: checkpoints that are not the agreement model."""
+    torch.manual_seed(0)
+    root = tmp_path_factory.mktemp("bert")
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "keys", "to", "cabinet"]
+    tokenizer = BertTokenizerFast(vocab={word: index for index, word in enumerate(words)})
+    config = BertConfig(vocab_size=9, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+                        num_labels=3, id2label={0: "negative", 1: "neutral", 2: "positive"})
+    directories = {}
+    for name, cls in (("classifier", BertForSequenceClassification), ("bare", BertModel)):
+        directories[name] = root / name
+        cls(config).eval().save_pretrained(directories[name])
+        tokenizer.save_pretrained(directories[name])
+    return directories
+
+
+def test_explain_runs_any_saved_sequence_classifier_with_its_tokenizer(bert_dirs, tmp_path, capsys):
+    out = tmp_path / "bert.png"
+    assert main(["explain", SENTENCE, "--method", "flow", "--layer", "2", "--out", str(out),
+                 "--model", str(bert_dirs["classifier"])]) == 0
+    printed = capsys.readouterr().out
+    model = BertForSequenceClassification.from_pretrained(bert_dirs["classifier"]).eval()
+    ids = BertTokenizerFast.from_pretrained(bert_dirs["classifier"])(SENTENCE, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        probabilities = torch.softmax(model(ids).logits[0], -1)
+    label = model.config.id2label[int(probabilities.argmax())]
+    assert f"prediction: {label} (probability {probabilities.max():.3f})" in printed
+    rows = _table(printed)
+    assert list(rows) == ["[CLS]", "the", "keys", "to", "cabinet", "[SEP]"]
+    expected = AttentionFlow(model).attribute(ids, layer=2)[0]
+    measured = torch.tensor([rows[token].pop(0)[0] for token in ["[CLS]", "the", "keys", "to", "the", "cabinet", "[SEP]"]])
+    torch.testing.assert_close(measured, expected, atol=1e-4, rtol=0)
+    assert out.read_bytes().startswith(b"\x89PNG")
+
+
+@pytest.mark.parametrize("command", ["explain", "figures", "reproduce"])
+def test_a_checkpoint_that_cannot_be_explained_is_refused(command, bert_dirs, tmp_path, capsys):
+    model = bert_dirs["classifier" if command == "reproduce" else "bare"]
+    arguments = [command] + ([SENTENCE] if command != "reproduce" else ["--samples", "2", "--no-progress"])
+    out = tmp_path / ("out.png" if command == "explain" else "out")
+    assert main([*arguments, "--model", str(model), "--out", str(out)]) == 1
+    error = capsys.readouterr().err
+    expected = "reproduce needs the verb-number agreement model" if command == "reproduce" else "without a sequence-classification head"
+    assert f"captum-attnflow {command}: error:" in error and expected in error
+
+
+def test_explain_out_directory_receives_the_heatmap(model_dir, tmp_path, capsys):
+    assert main(["explain", SENTENCE, "--method", "raw", "--out", str(tmp_path), "--model", str(model_dir)]) == 0
+    written = tmp_path / "captum_attnflow_explain.png"
+    assert written.read_bytes().startswith(b"\x89PNG")
+    assert f"heatmap written to {written}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "command, out, message",
+    [
+        ("explain", "blocker/heatmap.png", "cannot create the directory"),
+        ("explain", "heatmap", "neither an existing directory nor an image file name"),
+        ("reproduce", "blocker", "is a file; reproduce writes several files"),
+        ("figures", "blocker", "is a file; figures writes two images"),
+    ],
+)
+def test_output_paths_are_checked_before_the_computation(command, out, message, tmp_path, monkeypatch, capsys):
+    (tmp_path / "blocker").write_text("a file where a directory is expected")
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before the output path was checked")
+
+    monkeypatch.setattr("captum_attnflow.cli._load", no_model)
+    arguments = [command] + ([SENTENCE] if command != "reproduce" else ["--samples", "2"])
+    assert main([*arguments, "--out", str(tmp_path / out)]) == 1
+    assert message in capsys.readouterr().err
+
+
+def test_figures_draw_every_position_at_every_layer_and_the_cls_token(model_dir, tmp_path, capsys):
+    assert main(["figures", SENTENCE, "--out", str(tmp_path / "figs"), "--model", str(model_dir)]) == 0
+    printed = capsys.readouterr().out
+    for name in ("figure1.png", "figures2_3.png"):
+        assert (tmp_path / "figs" / name).read_bytes().startswith(b"\x89PNG")
+        assert str(tmp_path / "figs" / name) in printed
+
+
+def test_reproduce_paper_protocol_prints_both_protocols(model_dir, tmp_path, capsys):
+    assert main(["reproduce", "--samples", "3", "--protocol", "paper", "--data", "short", "--out", str(tmp_path),
+                 "--model", str(model_dir), "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.index("the authors' protocol") < printed.index("our protocol")
+    assert "Spearman correlation with gradient sum, float64" in printed
+    assert (tmp_path / "table1_abs_blank_out.csv").stat().st_size > 0

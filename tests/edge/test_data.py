@@ -139,3 +139,25 @@ def test_encode_examples_without_attractors_and_empty(tokenizer):
     assert batch["input_ids"].dtype == torch.long
     with pytest.raises(ValueError, match="at least one"):
         encode_examples([], tokenizer)
+
+@given(st.integers(0, 2**16), st.integers(4, 12))
+@settings(max_examples=20, deadline=None)
+def test_max_words_and_attractor_weights_shape_the_examples(seed, max_words):
+    examples = generate_examples(30, seed=seed, max_words=max_words, attractor_weights=(1, 0, 0, 0))
+    assert all(len(example.words) <= max_words for example in examples)
+    assert all(example.num_attractors == 0 for example in examples)
+    with_one = generate_examples(30, seed=seed, max_attractors=1, attractor_weights=(0, 1))
+    assert all(example.num_attractors == 1 for example in with_one)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(attractor_weights=(1, 1)), "attractor_weights must give 4 non-negative weights"),
+        (dict(attractor_weights=(0, 0, 0, 0)), "not all 0"),
+        (dict(max_words=1), "max_words must be an int >= 2"),
+    ],
+)
+def test_bad_distribution_arguments_raise_clear_errors(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        generate_examples(3, **kwargs)

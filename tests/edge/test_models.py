@@ -7,10 +7,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from transformers import PreTrainedTokenizerFast
 
 from captum_attnflow import extract_attentions, load_agreement_model
 from captum_attnflow.data import build_tokenizer, encode_examples, generate_examples
 from captum_attnflow.models import AgreementConfig, AgreementModel
+from captum_attnflow.models.train import END_TOKEN, with_end_token
 from captum_attnflow.models.bundled import ASSET_DIR
 from captum_attnflow.models.train import evaluate, main
 
@@ -165,3 +167,11 @@ def test_bundled_model_is_small_offline_and_accurate():
     assert evaluate(model, tokenizer, examples)["accuracy"] > 0.9
     batch = tokenizer(["the keys to the cabinet", "the key to the cabinets"], return_tensors="pt")
     assert model(**batch).logits.argmax(-1).tolist() == [1, 0]
+
+def test_end_token_tokenizer_survives_saving(tmp_path):
+    with_end_token(build_tokenizer()).save_pretrained(tmp_path)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(tmp_path)
+    batch = tokenizer([["the", "keys"], ["a", "dog", "near", "the", "cabinets"]], is_split_into_words=True, padding=True)
+    tokens = [tokenizer.convert_ids_to_tokens(ids) for ids in batch["input_ids"]]
+    assert tokens == [["[CLS]", "the", "keys", END_TOKEN, "[PAD]", "[PAD]", "[PAD]"],
+                      ["[CLS]", "a", "dog", "near", "the", "cabinets", END_TOKEN]]

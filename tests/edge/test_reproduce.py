@@ -3,19 +3,25 @@ single unpadded examples, the ground-truth score by hand, files, and the model l
 
 from __future__ import annotations
 
+import copy
 import csv
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
-from scipy.stats import spearmanr
+from hypothesis import given
+from hypothesis import strategies as st
+from scipy.stats import rankdata, spearmanr
 
 from captum_attnflow import AttentionFlow, AttentionRollout, RawAttention
 from captum_attnflow.baselines import BlankOut, TokenSaliency
 from captum_attnflow.data import build_tokenizer, encode_examples, generate_examples
+from captum_attnflow.data.agreement import SHORT_SENTENCES
 from captum_attnflow.models import AgreementConfig, AgreementModel
-from captum_attnflow.reproduce import PAPER_TABLES, Reproduction, reproduce
+from captum_attnflow.models.train import with_end_token
+from captum_attnflow.reproduce import PAPER_TABLES, Reproduction, dense_rank_spearman, gradient_sum, reproduce
 
 NUM_SAMPLES, SEED = 20, 3
 
@@ -50,8 +56,10 @@ def _single(model, tokenizer, example):
 
 def test_markdown_has_both_tables_with_ours_beside_the_papers(result):
     markdown = result.to_markdown()
-    assert "Table 1: Spearman correlation with blank-out" in markdown
-    assert "Table 2: Spearman correlation with input gradients" in markdown
+    assert "Table 1, our protocol (words ranked, [CLS] left out)" in markdown
+    assert "Table 2, our protocol (words ranked, [CLS] left out)" in markdown
+    assert "Spearman correlation with blank-out (20 examples" in markdown
+    assert "Spearman correlation with input gradients (20 examples" in markdown
     for method in ("raw", "rollout", "flow"):
         assert markdown.count(f"| {method} (ours) |") == 2
         assert markdown.count(f"| {method} (paper) |") == 2
@@ -169,3 +177,162 @@ def test_model_mode_is_restored_and_dropout_is_off(model_and_tokenizer):
 def test_bad_arguments_raise_clear_errors(kwargs, message):
     with pytest.raises(ValueError, match=message):
         reproduce(progress=False, **kwargs)
+
+# The authors' protocol: on a small model with an end token, so every piece of it is exercised.
+SMALL = dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=4)
+
+
+@pytest.fixture(scope="module")
+def end_token_model():
+    torch.manual_seed(1)
+    return AgreementModel(AgreementConfig(**SMALL)).eval(), with_end_token(build_tokenizer())
+
+
+@pytest.fixture(scope="module")
+def paper_result(end_token_model) -> Reproduction:
+    model, tokenizer = end_token_model
+    return reproduce(8, seed=2, batch_size=3, model=model, tokenizer=tokenizer, progress=False,
+                     protocol="paper", ranking="dense")
+
+
+def test_paper_protocol_ranks_every_token_with_absolute_blank_out_and_the_end_token_at_zero(paper_result, end_token_model):
+    model, tokenizer = end_token_model
+    examples = generate_examples(8, seed=2, split="test")
+    for index in (0, 4, 7):
+        ids = encode_examples([examples[index]], tokenizer)["input_ids"]
+        assert tokenizer.convert_ids_to_tokens(ids[0].tolist())[-1] == "[MASK]"
+        signed = BlankOut(model, tokenizer=tokenizer).attribute(ids, target=examples[index].label)[0]
+        absolute = signed.abs()
+        absolute[-1] = 0.0  # the end token: never blanked
+        rollout = AttentionRollout(model).attribute(ids, layer=None)[:, 0]
+        row = int(np.flatnonzero(paper_result.correlations.example_ids == index)[0])
+        for layer in range(2):
+            everything = spearmanr(rollout[layer].numpy(), absolute.numpy()).statistic
+            words = spearmanr(rollout[layer, 1:-1].numpy(), signed[1:-1].numpy()).statistic
+            assert paper_result.correlations.scores[("rollout", "|blank-out|", layer + 1)][row] == pytest.approx(everything, abs=1e-6)
+            assert paper_result.correlations.scores[("rollout", "blank-out", layer + 1)][row] == pytest.approx(words, abs=1e-6)
+
+
+def test_paper_protocol_tables_and_files(paper_result, tmp_path):
+    assert paper_result.correlations.references == [
+        "blank-out", "input gradients", "|blank-out|", "gradient sum", "gradient sum, float64",
+        "|blank-out|, dense ranks", "gradient sum, dense ranks", "gradient sum, float64, dense ranks",
+    ]
+    markdown = paper_result.to_markdown()
+    assert markdown.index("the authors' protocol") < markdown.index("our protocol")
+    assert markdown.count("| rollout (paper) | 0.32 ± 0.26 | 0.38 ± 0.27 |") == 3  # blank-out, |blank-out|, dense ranks
+    rows = paper_result.table("gradient sum, float64")
+    assert (rows[0]["paper_mean"], rows[0]["paper_std"]) == PAPER_TABLES["input gradients"]["raw"][0]
+    names = [path.name for path in paper_result.save(tmp_path)]
+    assert "table1_abs_blank_out.csv" in names and "table2_gradient_sum_float64_dense_ranks.csv" in names
+    assert len(paper_result.plot().axes) == 9  # 8 references + the ground truth (3 x 3 grid)
+
+
+def test_paper_protocol_leaves_the_model_as_it_was(end_token_model):
+    model, tokenizer = end_token_model
+    model.train()
+    try:
+        reproduce(2, model=model, tokenizer=tokenizer, progress=False, protocol="paper")
+        assert model.training
+    finally:
+        model.eval()
+    assert all(parameter.dtype == torch.float32 and parameter.grad is None for parameter in model.parameters())
+
+
+def test_dense_rank_spearman_is_the_no_ties_formula_on_dense_ranks():
+    x = np.array([[0.1, 0.5, 0.5, 0.9, 0.3], [1.0, 2.0, 3.0, 4.0, 5.0]])
+    y = np.array([[3.0, 1.0, 2.0, 2.0, 7.0], [2.0, 2.0, 2.0, 2.0, 2.0]])
+    expected = []
+    for row_x, row_y in zip(x, y):
+        d = rankdata(row_x, method="dense") - rankdata(row_y, method="dense")
+        expected.append(1 - 6 * (d**2).sum() / (5 * (5**2 - 1)))
+    np.testing.assert_allclose(dense_rank_spearman(x, y).numpy(), expected)
+    mask = np.array([[1, 1, 0, 1, 1], [1, 0, 0, 0, 0]], dtype=bool)
+    d = rankdata(x[0, mask[0]], method="dense") - rankdata(y[0, mask[0]], method="dense")
+    assert dense_rank_spearman(x, y, mask)[0].item() == pytest.approx(1 - 6 * (d**2).sum() / (4 * 15))
+    assert dense_rank_spearman(x, y, mask)[1].item() == 0.0  # one token: undefined, counted as 0
+    assert dense_rank_spearman([[1.0, float("nan")]], [[1.0, 2.0]]).item() == 0.0
+
+
+@given(st.lists(st.floats(-1e3, 1e3), min_size=2, max_size=12, unique=True), st.randoms(use_true_random=False))
+def test_dense_rank_spearman_without_ties_is_scipys(values, random):
+    other = list(values)
+    random.shuffle(other)
+    expected = spearmanr(values, other).statistic
+    assert dense_rank_spearman([values], [other]).item() == pytest.approx(expected, abs=1e-9)
+
+
+class _SumOfEmbeddings(torch.nn.Module):
+    """logits = (sum_i e_i) W: the gradient sum has a closed form, and it is not 0."""
+
+    def __init__(self):
+        super().__init__()
+        self.embedding = torch.nn.Embedding(10, 4)
+        self.weight = torch.nn.Parameter(torch.randn(4, 2))
+
+    def get_input_embeddings(self):
+        return self.embedding
+
+    def forward(self, inputs_embeds, attention_mask):
+        summed = (inputs_embeds * attention_mask[..., None]).sum(1)
+        return SimpleNamespace(logits=summed @ self.weight)
+
+
+def test_gradient_sum_matches_its_closed_form_on_a_model_without_layer_norm():
+    torch.manual_seed(0)
+    model = _SumOfEmbeddings()
+    ids, mask = torch.tensor([[1, 2, 3], [4, 5, 0]]), torch.tensor([[1, 1, 1], [1, 1, 0]])
+    with torch.no_grad():
+        logits = model(model.embedding(ids), mask).logits
+    # p_sg - p_pl = tanh(z / 2) with z = l_sg - l_pl = s . (w_sg - w_pl): its derivative along e_{i,d}.
+    half = torch.tanh((logits[:, 0] - logits[:, 1]) / 2)
+    per_token = (1 - half**2) / 2 * (model.weight[:, 0] - model.weight[:, 1]).sum()
+    expected = per_token.abs()[:, None].detach() * mask
+    torch.testing.assert_close(gradient_sum(model, ids, mask), expected)
+
+
+def test_gradient_sum_is_exactly_zero_in_a_pre_layer_norm_model_up_to_rounding(end_token_model):
+    model, tokenizer = end_token_model
+    ids = tokenizer(["the keys to the cabinet", "a dog"], padding=True, return_tensors="pt")
+    ids, mask = ids["input_ids"], ids["attention_mask"]
+    model64 = copy.deepcopy(model).double()
+    # Why: shifting a token's embedding along the all-ones direction changes no output.
+    with torch.no_grad():
+        embeddings = model64.get_input_embeddings()(ids)
+        shifted = embeddings.clone()
+        shifted[0, 2] += 3.0
+        torch.testing.assert_close(model64(inputs_embeds=shifted, attention_mask=mask).logits,
+                                   model64(inputs_embeds=embeddings, attention_mask=mask).logits, rtol=0, atol=1e-12)
+    embeddings = embeddings.clone().requires_grad_()
+    probabilities = torch.softmax(model64(inputs_embeds=embeddings, attention_mask=mask).logits, -1)
+    (gradient,) = torch.autograd.grad((probabilities[:, 0] - probabilities[:, 1]).sum(), embeddings)
+    norms = gradient.norm(dim=-1)[mask.bool()]
+    assert norms.min() > 0
+    relative64 = gradient_sum(model64, ids, mask)[mask.bool()] / norms
+    relative32 = gradient_sum(model, ids, mask)[mask.bool()].double() / norms
+    assert relative64.max() < 1e-13
+    assert 0 < relative32.max() < 1e-5
+
+
+def test_short_data_is_short_and_mostly_without_attractors():
+    examples = generate_examples(400, seed=0, split="test", **SHORT_SENTENCES)
+    lengths = [len(example.words) for example in examples]
+    assert max(lengths) <= SHORT_SENTENCES["max_words"]
+    assert 6 <= np.median(lengths) <= 8
+    assert np.mean([example.num_attractors == 0 for example in examples]) > 0.7
+    result = reproduce(3, seed=0, progress=False, data="short", model=AgreementModel(AgreementConfig(**SMALL)).eval(),
+                       tokenizer=build_tokenizer())
+    assert result.data == "short" and result.num_samples == 3
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(protocol="theirs"), "protocol must be one of 'ours', 'paper'"),
+        (dict(data="natural"), "data must be one of 'generated', 'short'"),
+        (dict(ranking="dense"), "use it with protocol='paper'"),
+    ],
+)
+def test_bad_protocol_arguments_raise_clear_errors(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        reproduce(4, progress=False, **kwargs)

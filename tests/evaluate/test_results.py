@@ -96,3 +96,16 @@ def test_merge_rejects_different_comparisons():
         ComparisonResult.merge([example_result(), other])
     with pytest.raises(ValueError, match="shape"):
         ComparisonResult(np.array([0, 1]), {("a", "b", None): np.array([0.5])})
+
+def test_published_values_beside_ours_in_csv_and_plot(tmp_path):
+    result = ComparisonResult([0, 1], {("raw", "grad", 1): [0.2, 0.4], ("raw", "grad", 2): [0.1, 0.3]})
+    beside = {("raw", "grad", 1): (0.53, 0.33), ("raw", "grad", 2): (0.16, 0.38)}
+    result.to_csv(tmp_path / "table.csv", beside=beside)
+    with open(tmp_path / "table.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [(row["layer"], row["paper_mean"], row["paper_std"]) for row in rows] == [("1", "0.53", "0.33"), ("2", "0.16", "0.38")]
+    np.testing.assert_allclose([float(row["mean"]) for row in rows], [0.3, 0.2])
+    axes = result.plot(beside=beside).axes[0]
+    lines = {line.get_label(): line.get_ydata() for line in axes.get_lines()}
+    assert list(lines["raw (paper)"]) == [0.53, 0.16]
+    np.testing.assert_allclose(lines["raw (ours)"], [0.3, 0.2])

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import doctest
-import importlib
 
 import pytest
 import torch
@@ -115,10 +113,3 @@ def test_errors_name_the_fix():
     with pytest.raises(TypeError, match="no Hugging Face"):
         with inject_attention(torch.nn.Linear(2, 2), keep):
             pass
-
-
-def test_docstring_examples_run():
-    results = doctest.testmod(importlib.import_module("captum_attnflow.hf.attention_injection"))
-    assert results.attempted > 0 and results.failed == 0
-    results = doctest.testmod(importlib.import_module("captum_attnflow.models.tagger"))
-    assert results.attempted > 0 and results.failed == 0

@@ -26,6 +26,7 @@ from __future__ import annotations
 import random
 import zlib
 from dataclasses import dataclass
+from typing import Sequence
 
 SINGULAR, PLURAL = 0, 1
 
@@ -104,20 +105,31 @@ class AgreementExample:
 
 
 def generate_examples(
-    num_examples: int, seed: int = 0, max_attractors: int = 3, split: str = "train"
+    num_examples: int,
+    seed: int = 0,
+    max_attractors: int = 3,
+    split: str = "train",
+    attractor_weights: Sequence[float] | None = None,
+    max_words: int | None = None,
 ) -> list[AgreementExample]:
     """Generate ``num_examples`` agreement examples, deterministically for a given ``seed``.
 
     Labels are balanced in expectation and the number of attractors is uniform over
     ``0..max_attractors``. ``split="train"`` and ``split="test"`` never share a sentence
     (see the module docstring); the bundled model was trained on ``split="train", seed=0``
-    and is evaluated on ``split="test"``.
+    and is evaluated on ``split="test"``. The last two arguments shift the distribution
+    towards natural text (the paper's inputs are sentences up to the verb, median about 7
+    words, most of them without attractors; :data:`SHORT_SENTENCES` holds such settings);
+    left at None they change nothing: the same seed gives the same examples as without them.
 
     Args:
         num_examples: how many examples, >= 0.
         seed: seed of the generator.
         max_attractors: largest number of attractors, 0 to 3.
         split: ``"train"`` or ``"test"``.
+        attractor_weights: relative frequencies of 0, 1, ... attractors (one weight per
+            count, ``max_attractors + 1`` of them) instead of the uniform draw.
+        max_words: draw again any sentence longer than this many words.
 
     Returns:
         a list of :class:`AgreementExample`.
@@ -127,7 +139,7 @@ def generate_examples(
         >>> example.words[example.subject_index] in {n for pair in NOUNS for n in pair}
         True
     """
-    return [example for example, _ in _generate(num_examples, seed, max_attractors, split)]
+    return [example for example, _ in _generate(num_examples, seed, max_attractors, split, attractor_weights, max_words)]
 
 
 def is_held_out(words: list[str]) -> bool:
@@ -185,7 +197,12 @@ class _Noun:
 
 
 def _generate(
-    num_examples: int, seed: int, max_attractors: int, split: str
+    num_examples: int,
+    seed: int,
+    max_attractors: int,
+    split: str,
+    attractor_weights: Sequence[float] | None = None,
+    max_words: int | None = None,
 ) -> list[tuple[AgreementExample, tuple[str, ...]]]:
     """The examples of :func:`generate_examples`, each with its BIO chunk tags, one per word."""
     if not isinstance(num_examples, int) or num_examples < 0:
@@ -194,10 +211,25 @@ def _generate(
         raise ValueError(f"max_attractors must be 0, 1, 2 or 3, got {max_attractors!r}.")
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}.")
+    if attractor_weights is not None and (
+        len(attractor_weights) != max_attractors + 1 or min(attractor_weights) < 0 or sum(attractor_weights) <= 0
+    ):
+        raise ValueError(
+            f"attractor_weights must give {max_attractors + 1} non-negative weights (for 0..{max_attractors} "
+            f"attractors) that are not all 0, got {attractor_weights!r}."
+        )
+    if max_words is not None and (isinstance(max_words, bool) or not isinstance(max_words, int) or max_words < 2):
+        raise ValueError(f"max_words must be an int >= 2 (the shortest sentences have 2 words), got {max_words!r}.")
     rng = random.Random(seed)
     examples = []
     while len(examples) < num_examples:
-        example, tags = _tagged_example(rng, rng.randint(0, max_attractors))
+        if attractor_weights is None:
+            count = rng.randint(0, max_attractors)
+        else:
+            count = rng.choices(range(max_attractors + 1), weights=attractor_weights)[0]
+        example, tags = _tagged_example(rng, count)
+        if max_words is not None and len(example.words) > max_words:
+            continue
         if is_held_out(example.words) == (split == "test"):
             examples.append((example, tags))
     return examples
@@ -300,3 +332,8 @@ def _sentence_shape(rng: random.Random) -> list:
     else:
         modifier = [*_prepositional_phrase(rng, 1), *_relative_clause(rng, subject)]
     return [*prefix, *_noun_phrase(rng, subject), *modifier]
+
+
+# generate_examples settings for inputs shaped like the paper's (sentences up to the verb from
+# Linzen et al. 2016): median 7 words, about 5 in 6 without an attractor.
+SHORT_SENTENCES: dict = {"attractor_weights": (0.8, 0.15, 0.04, 0.01), "max_words": 10}

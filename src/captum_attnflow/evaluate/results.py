@@ -7,11 +7,13 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Mapping
 
 import numpy as np
 
 Key = tuple  # (method, reference, layer): layer 1..L, or None for a method without layers
+# Published values to show beside the measured ones: {(method, reference, layer): (mean, std)}.
+Beside = Mapping[Key, tuple]
 
 
 @dataclass
@@ -107,16 +109,31 @@ class ComparisonResult:
             )
         return rows
 
-    def to_markdown(self, digits: int = 2) -> str:
+    def to_markdown(self, digits: int = 2, beside: Beside | None = None, names: tuple[str, str] = ("ours", "paper")) -> str:
         """The paper's table layout, one table per reference: methods as rows, layers L1..Ln
         as columns (a ``score`` column for methods without layers), cells "mean ± std".
         Undefined correlations are left out of the means and counted under the table.
 
         Args:
             digits: decimals of the means and standard deviations.
+            beside: published values to print under each method's row,
+                ``{(method, reference, layer): (mean, std)}``, e.g. a paper's table.
+            names: the labels of the two rows, ``method (ours)`` and ``method (paper)``,
+                when ``beside`` is given.
 
         Returns:
             str: markdown, the tables separated by blank lines (see the class example).
+
+        Example::
+
+            >>> result = ComparisonResult([0, 1], {("raw", "grad", 1): [0.2, 0.4]})
+            >>> print(result.to_markdown(beside={("raw", "grad", 1): (0.53, 0.33)}))
+            Spearman correlation with grad (2 examples, mean ± std)
+            <BLANKLINE>
+            | method | L1 |
+            |---|---|
+            | raw (ours) | 0.30 ± 0.10 |
+            | raw (paper) | 0.53 ± 0.33 |
         """
         blocks = []
         for reference in self.references:
@@ -130,12 +147,19 @@ class ComparisonResult:
                 "|---|" + "---|" * len(columns),
             ]
             for method in dict.fromkeys(row["method"] for row in rows):
-                cells = {
-                    f"L{row['layer']}" if row["layer"] is not None else "score": f"{row['mean']:.{digits}f} ± {row['std']:.{digits}f}"
-                    for row in rows
-                    if row["method"] == method
+                mine = [row for row in rows if row["method"] == method]
+                cells = {_column(row["layer"]): f"{row['mean']:.{digits}f} ± {row['std']:.{digits}f}" for row in mine}
+                published = {
+                    _column(row["layer"]): "{:.{d}f} ± {:.{d}f}".format(*beside[key], d=digits)
+                    for row in mine
+                    if beside and (key := (method, reference, row["layer"])) in beside
                 }
-                lines.append(f"| {method} | " + " | ".join(cells.get(column, "") for column in columns) + " |")
+                label = f"{method} ({names[0]})" if published else method
+                lines.append(f"| {label} | " + " | ".join(cells.get(column, "") for column in columns) + " |")
+                if published:
+                    lines.append(
+                        f"| {method} ({names[1]}) | " + " | ".join(published.get(column, "") for column in columns) + " |"
+                    )
             undefined: dict = {}
             for row in rows:
                 if row["nan_count"]:
@@ -149,12 +173,14 @@ class ComparisonResult:
             blocks.append("\n".join(lines))
         return "\n\n".join(blocks)
 
-    def to_csv(self, path: str | Path) -> None:
+    def to_csv(self, path: str | Path, beside: Beside | None = None, names: tuple[str, str] = ("ours", "paper")) -> None:
         """Write the summary, one row per (method, reference, layer); layer is empty for one-map methods.
 
         Args:
             path: the CSV file to write, with columns method, reference, layer, mean, std,
                 count, nan_count (the keys of :meth:`summary`).
+            beside, names: published values as in :meth:`to_markdown`, written as two more
+                columns ``<names[1]>_mean`` and ``<names[1]>_std`` (empty where absent).
 
         Example::
 
@@ -165,19 +191,24 @@ class ComparisonResult:
             ...     print(open(f"{folder}/table.csv").read().splitlines()[0])
             method,reference,layer,mean,std,count,nan_count
         """
+        fields = ["method", "reference", "layer", "mean", "std", "count", "nan_count"]
+        extra = [f"{names[1]}_mean", f"{names[1]}_std"] if beside is not None else []
         with open(path, "w", newline="") as handle:
-            writer = csv.DictWriter(handle, ["method", "reference", "layer", "mean", "std", "count", "nan_count"])
+            writer = csv.DictWriter(handle, fields + extra)
             writer.writeheader()
             for row in self.summary():
-                writer.writerow({**row, "layer": "" if row["layer"] is None else row["layer"]})
+                published = beside.get((row["method"], row["reference"], row["layer"]), ("", "")) if extra else ()
+                writer.writerow({**row, "layer": "" if row["layer"] is None else row["layer"], **dict(zip(extra, published))})
 
-    def plot(self, ax=None):
+    def plot(self, ax=None, beside: Beside | None = None, names: tuple[str, str] = ("ours", "paper")):
         """Matplotlib figure, one panel per reference: layers on x, one line per method with a
         ±std band; methods without layers as a dashed horizontal line and band.
 
         Args:
             ax: matplotlib axes to draw on, one per reference (an array of them, or one axes
                 for one reference); None (default) makes a new figure.
+            beside, names: published means as in :meth:`to_markdown`, drawn as dotted lines
+                in each method's colour.
 
         Returns:
             matplotlib.figure.Figure: the figure drawn on; a new one is not registered with
@@ -213,8 +244,13 @@ class ComparisonResult:
                     axes_.axhspan(mean[0] - std[0], mean[0] + std[0], color=color, alpha=0.1)
                 else:
                     layers = np.array([r["layer"] for r in mine])
-                    axes_.plot(layers, mean, marker="o", color=color, label=method)
+                    published = [beside.get((method, reference, layer)) for layer in layers] if beside else []
+                    label = f"{method} ({names[0]})" if any(published) else method
+                    axes_.plot(layers, mean, marker="o", color=color, label=label)
                     axes_.fill_between(layers, mean - std, mean + std, color=color, alpha=0.2)
+                    if any(published):
+                        drawn = [(layer, value[0]) for layer, value in zip(layers, published) if value]
+                        axes_.plot(*zip(*drawn), linestyle=":", marker="x", color=color, label=f"{method} ({names[1]})")
                     axes_.set_xticks(layers, [f"L{layer}" for layer in layers])
             axes_.set_xlabel("layer")
             axes_.set_ylabel(f"Spearman with {reference}")
@@ -285,3 +321,7 @@ class ComparisonResult:
         ids = np.concatenate([result.example_ids for result in results])
         unique, first = np.unique(ids, return_index=True)
         return cls(unique, {key: np.concatenate([r.scores[key] for r in results])[first] for key in keys})
+
+
+def _column(layer: int | None) -> str:
+    return "score" if layer is None else f"L{layer}"

@@ -6,10 +6,18 @@ held-out accuracy on ``generate_examples(split="test", seed=--eval-seed)`` overa
 examples with attractors and per attractor count. ``DIR`` receives the model (safetensors),
 the tokenizer and ``eval_results.json``. The bundled checkpoint was made with the defaults.
 
+``--end-token`` trains a model that reads an end token in the verb's slot, as the authors'
+model did (``[CLS] the keys to the cabinet [MASK]``): the saved tokenizer appends
+:data:`END_TOKEN` to every input, so everything that tokenizes with it (the command line,
+:func:`captum_attnflow.reproduce.reproduce`) gives the model the token it was trained with.
+``--short`` trains on inputs shaped like the paper's
+(:data:`captum_attnflow.data.agreement.SHORT_SENTENCES`: median 7 words, mostly without
+attractors; the held-out accuracy is still measured on the default mix).
+
 Options: ``--steps`` (3000), ``--batch-size`` (64), ``--lr`` (1e-3), ``--warmup`` (300),
 ``--weight-decay`` (0.01), ``--train-examples`` (192000, generated once; ``steps *
 batch-size`` by default), ``--eval-examples`` (2000), ``--seed`` (0), ``--eval-seed`` (1),
-``--threads`` (2), ``--device`` (cpu).
+``--threads`` (2), ``--device`` (cpu), ``--end-token``, ``--short``.
 """
 
 from __future__ import annotations
@@ -22,10 +30,38 @@ from typing import Sequence
 
 import torch
 from tqdm.auto import tqdm
+from tokenizers import processors
 from transformers import PreTrainedTokenizerFast, get_linear_schedule_with_warmup
 
 from captum_attnflow.data import AgreementExample, build_tokenizer, encode_examples, generate_examples
+from captum_attnflow.data.agreement import SHORT_SENTENCES
 from captum_attnflow.models.agreement import AgreementConfig, AgreementModel
+
+# The token in the verb's slot of a model trained with --end-token: one of the tokenizer's
+# special tokens already, so the vocabulary and the model's size stay the same.
+END_TOKEN = "[MASK]"
+
+
+def with_end_token(tokenizer: PreTrainedTokenizerFast) -> PreTrainedTokenizerFast:
+    """Make ``tokenizer`` append :data:`END_TOKEN` after the words (``[CLS] words [MASK]``), in place.
+
+    Args:
+        tokenizer: the word-level tokenizer of :func:`captum_attnflow.data.build_tokenizer`.
+
+    Returns:
+        PreTrainedTokenizerFast: the same tokenizer; ``save_pretrained`` keeps the template.
+
+    Example::
+
+        >>> tokenizer = with_end_token(build_tokenizer())
+        >>> tokenizer.convert_ids_to_tokens(tokenizer("the keys to the cabinet")["input_ids"])
+        ['[CLS]', 'the', 'keys', 'to', 'the', 'cabinet', '[MASK]']
+    """
+    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in ("[CLS]", END_TOKEN)}
+    tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"[CLS] $A {END_TOKEN}", pair=f"[CLS] $A $B {END_TOKEN}", special_tokens=list(ids.items())
+    )
+    return tokenizer
 
 
 def evaluate(
@@ -95,8 +131,10 @@ def train(args: argparse.Namespace) -> dict[str, float | int]:
     """
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    tokenizer = build_tokenizer()
-    train_examples = generate_examples(args.train_examples or args.steps * args.batch_size, seed=args.seed)
+    tokenizer = with_end_token(build_tokenizer()) if args.end_token else build_tokenizer()
+    train_examples = generate_examples(
+        args.train_examples or args.steps * args.batch_size, seed=args.seed, **(SHORT_SENTENCES if args.short else {})
+    )
     held_out = generate_examples(args.eval_examples, seed=args.eval_seed, split="test")
     config = AgreementConfig(vocab_size=len(tokenizer))
     model = AgreementModel(config).to(args.device).train()
@@ -169,6 +207,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--eval-seed", type=int, default=1, help="seed of the held-out test split (default 1)")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    parser.add_argument(
+        "--end-token", action="store_true", help=f"append an end token ({END_TOKEN}) in the verb's slot of every input"
+    )
+    parser.add_argument("--short", action="store_true", help="train on short inputs, mostly without attractors")
     return parser
 
 

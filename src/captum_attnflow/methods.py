@@ -1,0 +1,73 @@
+"""The attribution methods the ``captum-attnflow`` command and :mod:`captum_attnflow.reproduce` run, by name.
+
+One registry serves both: ``explain --method NAME`` looks a method up here, and the paper's
+tables are made of the same entries (the attention methods as rows, the output-based
+methods as references). Each entry builds the attribution object for a model, so a new
+method added here appears in both places: :data:`METHODS`, name -> :class:`Method`, in the
+order the command prints them.
+
+Example::
+
+    >>> from captum_attnflow import load_agreement_model
+    >>> from captum_attnflow.methods import METHODS, attention_methods
+    >>> attention_methods(), [method.title for method in METHODS.values() if not method.per_layer]
+    (('raw', 'rollout', 'flow'), ['input gradients', 'blank-out'])
+    >>> model, tokenizer = load_agreement_model()
+    >>> ids = tokenizer(["the keys to the cabinet"], return_tensors="pt")["input_ids"]
+    >>> METHODS["rollout"].build(model, tokenizer).attribute(ids, layer=None).shape  # (L, B, n)
+    torch.Size([6, 1, 6])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from captum_attnflow.attr import AttentionFlow, AttentionRollout, RawAttention
+from captum_attnflow.baselines import BlankOut, TokenSaliency
+
+
+@dataclass(frozen=True)
+class Method:
+    """One attribution method of the registry.
+
+    Attributes:
+        name: its name on the command line (``explain --method NAME``).
+        title: its name in tables and figures (the paper's: "blank-out", "input gradients").
+        per_layer: True for the attention methods, which score the input tokens for the
+            representation of a position after each layer ((L, B, n) with ``layer=None``);
+            False for the methods explaining the model's output ((B, n), one map).
+        build: ``build(model, tokenizer)`` returns the Captum attribution object; the attention
+            methods also accept a callable returning attentions as ``model``.
+    """
+
+    name: str
+    title: str
+    per_layer: bool
+    build: Callable[[Any, Any], Any]
+
+
+def _blank_out(model: Any, tokenizer: Any) -> BlankOut:
+    # The paper's blank: the unknown token, looked up on the tokenizer.
+    return BlankOut(model, tokenizer=tokenizer)
+
+
+METHODS: dict[str, Method] = {
+    method.name: method
+    for method in (
+        Method("raw", "raw", True, lambda model, tokenizer: RawAttention(model)),
+        Method("rollout", "rollout", True, lambda model, tokenizer: AttentionRollout(model)),
+        Method("flow", "flow", True, lambda model, tokenizer: AttentionFlow(model)),
+        Method("saliency", "input gradients", False, lambda model, tokenizer: TokenSaliency(model)),
+        Method("blankout", "blank-out", False, _blank_out),
+    )
+}
+
+
+def attention_methods() -> tuple[str, ...]:
+    """The names of the per-layer (attention) methods, in registry order.
+
+    Returns:
+        tuple[str, ...]: ``("raw", "rollout", "flow")``; example in the module docstring.
+    """
+    return tuple(name for name, method in METHODS.items() if method.per_layer)
