@@ -112,6 +112,11 @@ def _parser() -> argparse.ArgumentParser:
         "unless one attention method is chosen)",
     )
     explain.add_argument(
+        "--head", type=_head, default=None, metavar="K|all",
+        help="per-head attention methods (the paper's Appendix A.1): head K (0..H-1) of each shown layer on top of "
+        "the head-fused layers below, or all heads of the one layer given with --layer (a heads x tokens heatmap)",
+    )
+    explain.add_argument(
         "--out", type=Path, default=DEFAULT_HEATMAP, metavar="FILE.png|DIR",
         help=f"where to write the heatmap: an image file, or a directory to write {DEFAULT_HEATMAP} into "
         f"(default: {DEFAULT_HEATMAP})",
@@ -185,18 +190,24 @@ def _layer(value: str) -> int | None:
     return _whole_number(value, "a layer number 1..L or 'all'", "layers are numbered from 1")
 
 
+def _head(value: str) -> int | str:
+    if value == "all":
+        return value
+    return _whole_number(value, "a head number 0..H-1 or 'all'", "heads are numbered from 0", minimum=0)
+
+
 def _positive(value: str) -> int:
     return _whole_number(value, "a positive integer", "expected a positive integer")
 
 
-def _whole_number(value: str, expected: str, below_one: str) -> int:
-    """Parse an argparse value as an integer >= 1; the messages say what was expected instead."""
+def _whole_number(value: str, expected: str, too_small: str, minimum: int = 1) -> int:
+    """Parse an argparse value as an integer >= ``minimum``; the messages say what was expected instead."""
     try:
         number = int(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected {expected}, got {value!r}") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"{below_one}, got {number}")
+    if number < minimum:
+        raise argparse.ArgumentTypeError(f"{too_small}, got {number}")
     return number
 
 
@@ -301,14 +312,23 @@ def _explain(args: argparse.Namespace) -> int:
     predicted, prediction = _predict(model, ids)
     print(f"prediction: {prediction}")
 
+    heads = model.config.num_attention_heads
+    if args.head == "all" and args.layer is None:
+        raise ValueError("--head all shows the heads of one layer: give it with --layer N.")
+    if isinstance(args.head, int) and args.head >= heads:
+        raise ValueError(f"--head {args.head} is out of range: the model has heads 0..{heads - 1} (or all).")
     methods = tuple(METHODS) if args.method == "all" else (args.method,)
     layers = list(range(num_layers)) if args.layer is None else [args.layer - 1]
     scores, labels = {}, {}
     for name in methods:
         method = METHODS[name].build(model, tokenizer)
-        if METHODS[name].per_layer:
-            scores[name] = method.attribute(ids, layer=None)[layers, 0]
-            labels[name] = [f"L{layer + 1}" for layer in layers]
+        if METHODS[name].per_layer and args.head == "all":
+            scores[name] = method.attribute(ids, layer=args.layer, head="all")[:, 0]  # (H, n)
+            labels[name] = [f"L{args.layer} h{head}" for head in range(heads)]
+        elif METHODS[name].per_layer:
+            scores[name] = method.attribute(ids, layer=None, head=args.head)[layers, 0]
+            suffix = "" if args.head is None else f" h{args.head}"
+            labels[name] = [f"L{layer + 1}{suffix}" for layer in layers]
         else:
             scores[name] = method.attribute(ids, target=predicted)
     print(_score_table(tokens, scores, labels))

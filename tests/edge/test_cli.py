@@ -101,6 +101,27 @@ def test_explain_all_methods_at_one_layer(model_dir, tmp_path, capsys):
     assert out.read_bytes().startswith(b"\x89PNG")
 
 
+@pytest.mark.parametrize("method", ["rollout", "flow"])
+def test_explain_per_head(method, model_dir, tmp_path, capsys):
+    model = AgreementModel.from_pretrained(model_dir).eval()
+    ids = build_tokenizer()(SENTENCE, return_tensors="pt")["input_ids"]
+    explainer = {"rollout": AttentionRollout, "flow": AttentionFlow}[method](model)
+    out = tmp_path / "head.png"
+    assert main(["explain", SENTENCE, "--method", method, "--head", "2", "--out", str(out), "--model", str(model_dir)]) == 0
+    printed = capsys.readouterr().out
+    assert f"{method} L1 h2" in printed and f"{method} L6 h2" in printed
+    rows = _table(printed)
+    measured = torch.tensor([rows[token].pop(0) for token in TOKENS])  # (n, L)
+    torch.testing.assert_close(measured, explainer.attribute(ids, layer=None, head=2)[:, 0].T, atol=1e-4, rtol=0)
+    assert main(["explain", SENTENCE, "--method", method, "--layer", "4", "--head", "all", "--out", str(out),
+                 "--model", str(model_dir)]) == 0
+    assert out.read_bytes().startswith(b"\x89PNG")  # a heads x tokens heatmap of layer 4
+    assert main(["explain", SENTENCE, "--head", "all", "--out", str(out), "--model", str(model_dir)]) == 1
+    assert "--head all shows the heads of one layer: give it with --layer N" in capsys.readouterr().err
+    assert main(["explain", SENTENCE, "--head", "8", "--out", str(out), "--model", str(model_dir)]) == 1
+    assert "heads 0..7" in capsys.readouterr().err
+
+
 def test_explain_warns_about_unknown_words(model_dir, tmp_path, capsys):
     status = main(["explain", "the keys to the xylophone", "--method", "raw", "--out", str(tmp_path / "x.png"),
                    "--model", str(model_dir)])
