@@ -47,8 +47,9 @@ LEAN_MODEL_TYPES = frozenset(
      "captum_attnflow_agreement"}
 )
 _NAME = "captum_attnflow_lean"
-# Per-head probabilities of one block of rows take at most about this many bytes.
-_BLOCK_BYTES = 64 * 2**20
+# Per-head probabilities of one block of rows take at most about this many bytes: small blocks
+# stay in cache through matmul, softmax and fusion (8 MiB measured fastest at n = 4096 on 2 cores).
+_BLOCK_BYTES = 8 * 2**20
 
 
 def supports_lean(model: nn.Module) -> bool:
@@ -145,8 +146,9 @@ def fused_probabilities(
     block = max(1, _BLOCK_BYTES // (4 * batch * heads * key.shape[2]))
     for start in range(0, n, block):
         stop = min(n, start + block)
-        # In place after the product: one (B, H, rows, n) block alive at a time.
-        scores = torch.matmul(query[:, :, start:stop].float(), keys).mul_(scaling)
+        # Few passes over the (B, H, rows, n) block, which is memory-bound: the scaling on the
+        # queries (rows x d), the masks in place, then one softmax and one fusion pass.
+        scores = torch.matmul(query[:, :, start:stop].float() * scaling, keys)
         if mask is not None:
             rows = mask[..., start:stop, :]
             if rows.dtype == torch.bool:
@@ -156,9 +158,11 @@ def fused_probabilities(
         elif causal:
             later = torch.ones(stop - start, key.shape[2], dtype=torch.bool, device=query.device).triu(start + 1)
             scores.masked_fill_(later, float("-inf"))
-        scores.sub_(scores.amax(-1, keepdim=True)).exp_()
-        scores.div_(scores.sum(-1, keepdim=True)).nan_to_num_(0.0)  # a row with no allowed key: 0
-        out[:, start:stop] = fuse_heads(scores, head_fusion)
+        probabilities = torch.softmax(scores, dim=-1)
+        del scores
+        if mask is not None:
+            probabilities.nan_to_num_(0.0)  # a padding query with no allowed key: 0
+        out[:, start:stop] = fuse_heads(probabilities, head_fusion)
     return out
 
 
