@@ -142,6 +142,37 @@ def generate_examples(
     return [example for example, _ in _generate(num_examples, seed, max_attractors, split, attractor_weights, max_words)]
 
 
+def accuracy_by_attractors(correct: Sequence[bool], examples: Sequence[AgreementExample]) -> dict[str, float | int]:
+    """Accuracy overall, on the examples with attractors and per number of attractors.
+
+    Args:
+        correct: one bool per example, whether the model got its verb's number right.
+        examples: the examples, in the same order.
+
+    Returns:
+        dict: ``n``, ``accuracy``, ``n_with_attractors`` and ``accuracy_with_attractors`` (when
+        some have attractors), and ``n_<k>_attractors``, ``accuracy_<k>_attractors`` for each k.
+
+    Example::
+
+        >>> examples = generate_examples(4, seed=1)
+        >>> report = accuracy_by_attractors([True, False, True, True], examples)
+        >>> report["n"], report["accuracy"]
+        (4, 0.75)
+    """
+    counts = [example.num_attractors for example in examples]
+    results: dict[str, float | int] = {"n": len(examples), "accuracy": sum(correct) / len(correct)}
+    with_attractors = [c for c, k in zip(correct, counts) if k > 0]
+    if with_attractors:
+        results["n_with_attractors"] = len(with_attractors)
+        results["accuracy_with_attractors"] = sum(with_attractors) / len(with_attractors)
+    for k in sorted(set(counts)):
+        group = [c for c, count in zip(correct, counts) if count == k]
+        results[f"n_{k}_attractors"] = len(group)
+        results[f"accuracy_{k}_attractors"] = sum(group) / len(group)
+    return results
+
+
 def is_held_out(words: list[str]) -> bool:
     """Whether a sentence belongs to the held-out (``"test"``) split: the CRC32 of its text
     (words joined by spaces) is divisible by :data:`HELD_OUT_MODULUS`.

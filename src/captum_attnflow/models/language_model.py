@@ -24,6 +24,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 from transformers.utils import logging as transformers_logging
 
 from captum_attnflow.data import AgreementExample, build_tokenizer, vocabulary
+from captum_attnflow.data.agreement import accuracy_by_attractors
 
 COPULAS = ("is", "are")  # index = the number: SINGULAR, PLURAL
 END = "."
@@ -159,17 +160,7 @@ def verb_number_accuracy(
             last = batch["attention_mask"].sum(1) - 1
             scores = logits[torch.arange(len(chunk)), last][:, copulas]
             correct += (scores.argmax(-1) == torch.tensor([e.label for e in chunk])).tolist()
-    counts = [e.num_attractors for e in examples]
-    results: dict[str, float | int] = {"n": len(examples), "accuracy": sum(correct) / len(correct)}
-    with_attractors = [c for c, k in zip(correct, counts) if k > 0]
-    if with_attractors:
-        results["n_with_attractors"] = len(with_attractors)
-        results["accuracy_with_attractors"] = sum(with_attractors) / len(with_attractors)
-    for k in sorted(set(counts)):
-        group = [c for c, count in zip(correct, counts) if count == k]
-        results[f"n_{k}_attractors"] = len(group)
-        results[f"accuracy_{k}_attractors"] = sum(group) / len(group)
-    return results
+    return accuracy_by_attractors(correct, examples)
 
 
 def subject_attractor_rates(

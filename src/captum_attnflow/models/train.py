@@ -34,7 +34,7 @@ from tokenizers import processors
 from transformers import PreTrainedTokenizerFast, get_linear_schedule_with_warmup
 
 from captum_attnflow.data import AgreementExample, build_tokenizer, encode_examples, generate_examples
-from captum_attnflow.data.agreement import SHORT_SENTENCES
+from captum_attnflow.data.agreement import SHORT_SENTENCES, accuracy_by_attractors
 from captum_attnflow.models.agreement import AgreementConfig, AgreementModel
 
 # The token in the verb's slot of a model trained with --end-token: one of the tokenizer's
@@ -95,17 +95,7 @@ def evaluate(
             batch = encode_examples(examples[start : start + batch_size], tokenizer)
             logits = model(batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device)).logits
             correct += (logits.argmax(-1).cpu() == batch["labels"]).tolist()
-    counts = [example.num_attractors for example in examples]
-    results: dict[str, float | int] = {"n": len(examples), "accuracy": sum(correct) / len(correct)}
-    with_attractors = [c for c, k in zip(correct, counts) if k > 0]
-    if with_attractors:
-        results["n_with_attractors"] = len(with_attractors)
-        results["accuracy_with_attractors"] = sum(with_attractors) / len(with_attractors)
-    for k in sorted(set(counts)):
-        group = [c for c, count in zip(correct, counts) if count == k]
-        results[f"n_{k}_attractors"] = len(group)
-        results[f"accuracy_{k}_attractors"] = sum(group) / len(group)
-    return results
+    return accuracy_by_attractors(correct, examples)
 
 
 def train(args: argparse.Namespace) -> dict[str, float | int]:
