@@ -29,7 +29,8 @@ def test_hand_values():
 
 distributions = st.integers(2, 6).flatmap(
     lambda k: st.tuples(
-        *[st.lists(st.floats(0.0, 1.0), min_size=k, max_size=k).filter(lambda xs: sum(xs) > 1e-3) for _ in range(2)]
+        # subnormal weights are left out: scipy's reference overflows to inf on them
+        *[st.lists(st.floats(0.0, 1.0, allow_subnormal=False), min_size=k, max_size=k).filter(lambda xs: sum(xs) > 1e-3) for _ in range(2)]
     )
 )
 
