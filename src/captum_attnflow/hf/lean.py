@@ -146,9 +146,12 @@ def fused_probabilities(
     block = max(1, _BLOCK_BYTES // (4 * batch * heads * key.shape[2]))
     for start in range(0, n, block):
         stop = min(n, start + block)
+        # Causal attention without a mask: the block's rows see keys up to ``stop`` only, so the
+        # later keys are neither multiplied nor normalised (half the work over the whole map).
+        width = stop if causal and mask is None else keys.shape[-1]
         # Few passes over the (B, H, rows, n) block, which is memory-bound: the scaling on the
         # queries (rows x d), the masks in place, then one softmax and one fusion pass.
-        scores = torch.matmul(query[:, :, start:stop].float() * scaling, keys)
+        scores = torch.matmul(query[:, :, start:stop].float() * scaling, keys[..., :width])
         if mask is not None:
             rows = mask[..., start:stop, :]
             if rows.dtype == torch.bool:
@@ -156,13 +159,14 @@ def fused_probabilities(
             else:
                 scores.add_(rows.float())
         elif causal:
-            later = torch.ones(stop - start, key.shape[2], dtype=torch.bool, device=query.device).triu(start + 1)
+            later = torch.ones(stop - start, width, dtype=torch.bool, device=query.device).triu(start + 1)
             scores.masked_fill_(later, float("-inf"))
         probabilities = torch.softmax(scores, dim=-1)
         del scores
         if mask is not None:
             probabilities.nan_to_num_(0.0)  # a padding query with no allowed key: 0
-        out[:, start:stop] = fuse_heads(probabilities, head_fusion)
+        out[:, start:stop, :width] = fuse_heads(probabilities, head_fusion)
+        out[:, start:stop, width:] = 0.0
     return out
 
 
