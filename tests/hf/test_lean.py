@@ -9,7 +9,7 @@ import transformers
 
 from captum_attnflow import AttentionFlow, AttentionRollout, RawAttention, load_agreement_model
 from captum_attnflow.hf import capture_graph
-from captum_attnflow.hf.lean import lean_capture
+from captum_attnflow.hf.lean import LeanCapture, lean_capture
 from helpers import make_tiny_model, model_state, padded_batch
 
 LEAN_ARCHS = ["bert", "roberta", "distilbert", "gpt2", "llama"]
@@ -103,3 +103,18 @@ def test_lean_true_where_it_does_not_apply_is_an_error():
         AttentionRollout(model).attribute(torch.tensor([[5, 6, 7]]), head=1),
         AttentionRollout(model, lean=False).attribute(torch.tensor([[5, 6, 7]]), head=1),
     )
+
+
+def test_causality_is_read_from_bool_and_additive_masks():
+    query = key = torch.zeros(1, 1, 3, 2)
+    later = torch.ones(3, 3, dtype=torch.bool).triu(1)
+    cases = {
+        "bool causal": (~later[None, None], True),
+        "bool full": (torch.ones(1, 1, 3, 3, dtype=torch.bool), False),
+        "additive causal": (torch.zeros(1, 1, 3, 3).masked_fill(later, float("-inf")), True),
+        "additive full": (torch.zeros(1, 1, 3, 3), False),
+    }
+    for name, (mask, causal) in cases.items():
+        capture = LeanCapture(1, "mean", "sdpa")
+        capture.add(query, key, mask, 1.0, False)
+        assert capture.causal is causal, name

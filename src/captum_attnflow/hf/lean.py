@@ -95,8 +95,10 @@ class LeanCapture:
         for query, _, mask, _, causal in self.layers:
             if mask is None and not causal and query.shape[2] > 1:
                 return False
-            if mask is not None and bool(mask.bool().triu(1).any() if mask.dtype == torch.bool else (mask.triu(1) == 0).any()):
-                return False
+            if mask is not None:
+                allowed = mask if mask.dtype == torch.bool else mask == 0  # additive masks: 0 where allowed
+                if bool(allowed.triu(1).any()):
+                    return False
         return True
 
     def fused_layer(self, index: int) -> Tensor:
@@ -106,7 +108,7 @@ class LeanCapture:
         return fused_probabilities(query, key, mask, scaling, causal, self.head_fusion, out)
 
 
-_CAPTURES: "weakref.WeakKeyDictionary[nn.Module, _Capture]" = weakref.WeakKeyDictionary()
+_CAPTURES: "weakref.WeakKeyDictionary[nn.Module, LeanCapture]" = weakref.WeakKeyDictionary()
 _REGISTERED = threading.Lock()
 
 
@@ -182,9 +184,9 @@ def lean_capture(model: PreTrainedModel, head_fusion: str = "mean") -> Iterator[
     """Context manager: a call of ``model`` inside the block collects each layer's head-fused attention.
 
     Yields the :class:`LeanCapture` that collects the queries and keys of each attention layer,
-    in call order (L = ``config.num_hidden_layers`` of them). The model's attention implementation (every config and sub-config) is switched for
-    the block and restored exactly afterwards, also when the call raises; the model is locked
-    against other threads for the block.
+    in call order (L = ``config.num_hidden_layers`` of them). The model's attention
+    implementation (every config and sub-config) is switched for the block and restored exactly
+    afterwards, also when the call raises; the model is locked against other threads for the block.
     """
     _register()
     with exclusive(model):
