@@ -137,13 +137,13 @@ def capture_graph(
             "the lean path applies to Hugging Face models of the types in captum_attnflow.hf.lean.LEAN_MODEL_TYPES "
             "called directly, with fused heads; use lean=None or False here."
         )
-    if lean is False or not applies:
+    graph = None
+    if applies and lean is not False:
+        args = as_tuple(additional_forward_args)
+        graph = _lean_graph(forward_func, inputs, args, attention_mask, residual_alpha, head_fusion)
+    if graph is None:  # stored maps: asked for, or the model did not run all its layers through the interface
         attentions = extract_attentions(forward_func, inputs, additional_forward_args, attention_mask)
-        return attention_graph(attentions, residual_alpha, head_fusion, attention_mask, keep_heads)
-    graph = _lean_graph(forward_func, inputs, as_tuple(additional_forward_args), attention_mask, residual_alpha, head_fusion)
-    if graph is None:  # the model did not run all its layers through the interface
-        attentions = extract_attentions(forward_func, inputs, additional_forward_args, attention_mask)
-        return attention_graph(attentions, residual_alpha, head_fusion, attention_mask, keep_heads)
+        graph = attention_graph(attentions, residual_alpha, head_fusion, attention_mask, keep_heads)
     return graph
 
 
@@ -159,16 +159,9 @@ def _lean_graph(
     when asked, in the inputs' token order; None if some layer bypassed the interface."""
     check_device(model, inputs)
     check_mask_not_in_args(model, args, attention_mask)
-    kwargs: dict[str, Any] = {}
-    order = None
     if attention_mask is not None:
         attention_mask = torch.as_tensor(attention_mask).to(inputs.device)
-        kwargs["attention_mask"] = attention_mask
-        order = real_tokens_first(attention_mask)
-    run_inputs = inputs
-    if order is not None:
-        run_inputs, kwargs["attention_mask"] = reorder_tokens(inputs, order), reorder_tokens(attention_mask, order)
-        args = tuple(_moved_with_tokens(arg, order) for arg in args)
+    run_inputs, args, kwargs, order = _real_tokens_first(inputs, args, attention_mask)
     with torch.no_grad(), unchanged(model), lean_capture(model, head_fusion) as capture:
         model(run_inputs, *args, **kwargs)
     if not capture.complete:
@@ -192,19 +185,28 @@ def _model_attentions(
     """Attentions of a Hugging Face model (its encoder for a seq2seq model), real tokens first."""
     check_mask_not_in_args(model, args, attention_mask)
     runner = encoder_of(model, args)
-    order = real_tokens_first(attention_mask) if attention_mask is not None else None
-    kwargs: dict[str, Any] = {"output_attentions": True}
-    if attention_mask is not None:
-        kwargs["attention_mask"] = attention_mask
-    if order is not None:
-        inputs, kwargs["attention_mask"] = reorder_tokens(inputs, order), reorder_tokens(attention_mask, order)
-        args = tuple(_moved_with_tokens(arg, order) for arg in args)
+    inputs, args, kwargs, order = _real_tokens_first(inputs, args, attention_mask)
     with eager_attention(model), unchanged(model):
-        attentions = attentions_of(runner(inputs, *args, **kwargs))
+        attentions = attentions_of(runner(inputs, *args, output_attentions=True, **kwargs))
     if order is None:
         return attentions
     back = order.argsort(dim=-1)  # original position -> place in the run
     return tuple(_maps_in_order(layer, back) for layer in attentions)
+
+
+def _real_tokens_first(
+    inputs: Tensor, args: tuple, attention_mask: Tensor | None
+) -> tuple[Tensor, tuple, dict[str, Any], Tensor | None]:
+    """The call that runs a left-padded batch as a right-padded one: ``(inputs, args, kwargs,
+    order)`` with each row's real tokens moved to the front (per-token ``args`` moved along) and
+    ``kwargs`` holding the matching ``attention_mask``; ``order`` is None when nothing moves."""
+    if attention_mask is None:
+        return inputs, args, {}, None
+    order = real_tokens_first(attention_mask)
+    if order is None:
+        return inputs, args, {"attention_mask": attention_mask}, None
+    moved = tuple(_moved_with_tokens(arg, order) for arg in args)
+    return reorder_tokens(inputs, order), moved, {"attention_mask": reorder_tokens(attention_mask, order)}, order
 
 
 def _moved_with_tokens(arg: Any, order: Tensor) -> Any:
