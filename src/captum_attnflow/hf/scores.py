@@ -76,21 +76,30 @@ class ScoreForward:
                 f"target must be a class index (int, list or (B,) tensor), got {target!r}; "
                 "map a label name with model.config.label2id[name]."
             )
-        with torch.no_grad():
-            scores = self(inputs, *extra_args)
         if target is None:
-            return scores.argmax(-1)
+            with torch.no_grad():
+                return self(inputs, *extra_args).argmax(-1)
         indices = torch.as_tensor(target)
         if indices.dtype.is_floating_point or indices.dtype == torch.bool or indices.dim() > 1:
             raise TypeError(f"target must be integer class indices, one or (B,), got {target!r}.")
         if indices.dim() == 1 and indices.numel() not in (1, inputs.shape[0]):
             raise ValueError(f"target must give one class per example (B = {inputs.shape[0]}) or one for all, got {indices.numel()}.")
-        classes = scores.shape[-1]
+        classes = self._num_classes(inputs, extra_args)
         if bool(((indices < 0) | (indices >= classes)).any()):
             raise ValueError(
                 f"target {indices.tolist()} is out of range: the model scores C = {classes} classes, 0..{classes - 1}."
             )
         return target
+
+    def _num_classes(self, inputs: Tensor, extra_args: tuple) -> int:
+        """C: ``config.num_labels`` of a Hugging Face model (one returning (B, C) logits is a
+        sequence classifier), else from a forward pass on the first example."""
+        labels = getattr(getattr(self.forward_func, "config", None), "num_labels", None) if self.is_hf else None
+        if isinstance(labels, int):
+            return labels
+        first = tuple(arg[:1] if isinstance(arg, Tensor) and arg.shape[:1] == inputs.shape[:1] else arg for arg in extra_args)
+        with torch.no_grad():
+            return self(inputs[:1], *first).shape[-1]
 
 
 def input_embeddings(forward_func: Any) -> nn.Module:
