@@ -11,12 +11,13 @@ sequence of random token ids, random weights from a config (no download), CPU:
   outputs with sdpa.
 
 Printed per case: peak resident memory of the process (``ru_maxrss``; on CUDA the peak allocated
-GPU memory is printed too), wall time of the call after one warm-up at n = 64, and the ratios
-to the sdpa forward from the same run. Geometries: BERT-base (L=12, H=12, hidden 768) and a
+GPU memory is printed too), the median wall time of ``--repeats`` calls (after one warm-up at
+n = 64; the stored maps, which are no target, are timed once), and the ratios to the sdpa
+forward from the same run. Geometries: BERT-base (L=12, H=12, hidden 768) and a
 Llama-style decoder (L=12, H=12 query heads sharing 4 key heads, hidden 768, rotary positions).
 Targets at n = 4096: lean rollout within 1.5 GiB peak RSS and 1.5x the sdpa forward's time.
 
-    python benchmarks/memory.py [--lengths 512 2048 4096] [--geometries bert llama] [--threads N]
+    python benchmarks/memory.py [--lengths 512 2048 4096] [--geometries bert llama] [--threads N] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import json
 import os
 import platform
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -47,7 +49,7 @@ def build(geometry: str, n: int):
     return LlamaModel(config).eval()
 
 
-def child(geometry: str, n: int, path: str, threads: int | None) -> dict:
+def child(geometry: str, n: int, path: str, threads: int | None, repeats: int) -> dict:
     """One measurement, in this (fresh) process."""
     import torch
 
@@ -67,9 +69,12 @@ def child(geometry: str, n: int, path: str, threads: int | None) -> dict:
     call(ids[:, :64])  # warm-up: numba and torch kernels, outside the timed call
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
-    start = time.perf_counter()
-    call(ids)
-    seconds = time.perf_counter() - start
+    times = []
+    for _ in range(1 if path == "stored maps" else repeats):
+        start = time.perf_counter()
+        call(ids)
+        times.append(time.perf_counter() - start)
+    seconds = statistics.median(times)
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     gpu = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
     return {"seconds": seconds, "rss_gib": peak_kib / 2**20, "gpu_gib": gpu}
@@ -80,11 +85,12 @@ def main() -> None:
     parser.add_argument("--lengths", type=int, nargs="+", default=[512, 2048, 4096])
     parser.add_argument("--geometries", nargs="+", default=["bert", "llama"], choices=["bert", "llama"])
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed calls per case; the median is printed")
     parser.add_argument("--child", nargs=3, metavar=("GEOMETRY", "N", "PATH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         geometry, n, path = args.child
-        print(json.dumps(child(geometry, int(n), path, args.threads)))
+        print(json.dumps(child(geometry, int(n), path, args.threads, args.repeats)))
         return
 
     print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()}, "
@@ -94,7 +100,7 @@ def main() -> None:
         for n in args.lengths:
             results = {}
             for path in PATHS:
-                command = [sys.executable, __file__, "--child", geometry, str(n), path]
+                command = [sys.executable, __file__, "--child", geometry, str(n), path, "--repeats", str(args.repeats)]
                 if args.threads:
                     command += ["--threads", str(args.threads)]
                 output = subprocess.run(command, capture_output=True, text=True, check=True).stdout

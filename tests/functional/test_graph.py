@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from captum_attnflow.functional import add_residual, attention_graph, fuse_heads
+from captum_attnflow.functional import AttentionGraph, add_residual, attention_graph, fuse_heads
 
 
 def softmax_attentions(*shape, seed=0):
@@ -96,6 +96,44 @@ def test_attention_graph_matches_numpy_reference(layers, batch, heads, n, alpha,
         torch.testing.assert_close(compiled.sum(-1), real.expand_as(compiled.sum(-1)))
     padding = real[None, :, :, None] * real[None, :, None, :] == 0
     assert (compiled[padding.expand_as(compiled)] == 0).all()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    batch=st.integers(1, 3),
+    n=st.integers(1, 8),
+    count=st.integers(1, 4),
+    alpha=st.sampled_from([0.0, 0.3, 0.5, 1.0]),
+    fusion=st.sampled_from(["mean", "max", "min"]),
+    padded=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_streamed_graph_layers_and_rows_match_numpy_reference(batch, n, count, alpha, fusion, padded, seed):
+    attentions = softmax_attentions(2, batch, 3, n, n, seed=seed)
+    generator = torch.Generator().manual_seed(seed)
+    mask = None
+    if padded:
+        lengths = torch.randint(1, n + 1, (batch,), generator=generator)
+        mask = (torch.arange(n)[None] < lengths[:, None]).long()
+    expected = reference_graph(attentions, alpha, fusion, mask)
+    fused = fuse_heads(attentions, fusion)  # (L, B, n, n)
+    asked = []
+
+    def fused_rows(index, rows):
+        asked.append(rows)
+        return fused[index][torch.arange(batch)[:, None], rows]
+
+    graph = AttentionGraph.streamed(lambda index, out: fused[index].clone(), 2, mask, batch, n, torch.device("cpu"),
+                                    alpha, fusion, fused_rows=fused_rows)
+    positions = torch.randint(0, n, (batch, count), generator=generator)  # repeats and padding included
+    for index in range(2):
+        rows = graph.rows(index, positions)
+        torch.testing.assert_close(rows, expected[index][torch.arange(batch)[:, None], positions], atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(graph.layer(index), expected[index], atol=1e-6, rtol=1e-5)
+        out = torch.full((batch, n, n), float("nan"))
+        assert graph.layer(index, out=out) is out
+        torch.testing.assert_close(out, expected[index], atol=1e-6, rtol=1e-5)
+    assert len(asked) == 2 and graph.is_streamed  # rows computed on their own, no layer stored
 
 
 def test_attention_graph_is_differentiable_for_tensors_that_need_gradients():

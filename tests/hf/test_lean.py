@@ -37,17 +37,40 @@ def test_lean_graph_equals_the_stored_maps_graph(arch, side, fusion):
     assert lean.is_streamed  # layers computed when asked for, none stored by the forward
     for index in range(lean.num_layers):
         torch.testing.assert_close(lean.layer(index), stored.weights[index], atol=1e-6, rtol=0)
+        positions = torch.tensor([[0, 8, 3], [5, 1, 5], [2, 7, 4]])  # rows alone: recomputed from their queries
+        torch.testing.assert_close(lean.rows(index, positions), stored.rows(index, positions), atol=1e-6, rtol=0)
     torch.testing.assert_close(lean.weights, stored.weights, atol=1e-6, rtol=0)
     assert torch.equal(lean.mask, stored.mask) and lean.is_causal == stored.is_causal
 
 
+@pytest.mark.parametrize(("arch", "side"), [("bert", "right"), ("gpt2", "none"), ("llama", "none"), ("llama", "left")])
+@pytest.mark.parametrize("block_bytes", [1, 20, 40])
+def test_lean_layers_computed_in_many_row_blocks(monkeypatch, arch, side, block_bytes):
+    """Blocks of one row up to several (n = 9), causal blocks of varying width: the same layers."""
+    monkeypatch.setattr("captum_attnflow.hf.lean._BLOCK_BYTES", block_bytes * 4 * 3 * 4)  # B = 3, H = 4
+    model = make_tiny_model(arch)
+    ids, mask = ids_and_mask(arch, side)
+    lean = capture_graph(model, ids, attention_mask=mask, lean=True)
+    stored = capture_graph(model, ids, attention_mask=mask, lean=False)
+    torch.testing.assert_close(lean.weights, stored.weights, atol=1e-6, rtol=0)
+
+
 @pytest.mark.parametrize("method", [RawAttention, AttentionRollout, AttentionFlow])
-def test_methods_agree_on_both_paths(method):
-    model = make_tiny_model("llama")  # rotary positions, grouped-query attention
-    ids, mask = ids_and_mask("llama", "left")
-    lean = method(model).attribute(ids, attention_mask=mask, layer=None)
-    stored = method(model, lean=False).attribute(ids, attention_mask=mask, layer=None)
+@pytest.mark.parametrize(("arch", "side"), [("llama", "left"), ("bert", "right"), ("gpt2", "none")])
+@pytest.mark.parametrize("layer", [None, -1])
+def test_methods_agree_on_both_paths(method, arch, side, layer):
+    model = make_tiny_model(arch)  # llama: rotary positions, grouped-query attention
+    ids, mask = ids_and_mask(arch, side)
+    lean = method(model).attribute(ids, attention_mask=mask, layer=layer)
+    stored = method(model, lean=False).attribute(ids, attention_mask=mask, layer=layer)
     torch.testing.assert_close(lean, stored, atol=1e-6, rtol=0)
+    if method is not AttentionFlow:  # two positions per example
+        real = torch.ones_like(ids) if mask is None else mask
+        first, last = real.argmax(-1), real.shape[1] - 1 - real.flip(-1).argmax(-1)
+        position = torch.stack([last, first], 1)  # (B, 2): two real positions per example
+        lean = method(model).attribute(ids, attention_mask=mask, layer=layer, position=position)
+        stored = method(model, lean=False).attribute(ids, attention_mask=mask, layer=layer, position=position)
+        torch.testing.assert_close(lean, stored, atol=1e-6, rtol=0)
 
 
 def test_bundled_model_and_vision_transformer_go_lean():

@@ -33,16 +33,17 @@ from captum_attnflow.functional.checks import (
 HEAD_FUSIONS = ("mean", "max", "min")
 
 
-def fuse_heads(attentions: Tensor, head_fusion: str = "mean") -> Tensor:
+def fuse_heads(attentions: Tensor, head_fusion: str = "mean", out: Tensor | None = None) -> Tensor:
     """Fuse the heads of (..., H, n, n) attentions into (..., n, n): :math:`\\bar W = \\operatorname{mean}_h W^h`
     (the paper's), or the element-wise ``max`` or ``min`` over heads.
 
     Args:
         attentions: (..., H, n, n) attention weights, heads on dimension -3.
         head_fusion: ``"mean"`` (default), ``"max"`` or ``"min"``.
+        out: optional (..., n, n) tensor to write the result into.
 
     Returns:
-        Tensor: (..., n, n), same dtype and device.
+        Tensor: (..., n, n), same dtype and device (``out`` if given).
 
     Example::
 
@@ -57,11 +58,8 @@ def fuse_heads(attentions: Tensor, head_fusion: str = "mean") -> Tensor:
                 [1.0000, 1.0000]])
     """
     check_head_fusion(head_fusion)
-    if head_fusion == "mean":
-        return attentions.mean(-3)
-    if head_fusion == "max":
-        return attentions.amax(-3)
-    return attentions.amin(-3)
+    reduce = {"mean": torch.mean, "max": torch.amax, "min": torch.amin}[head_fusion]
+    return reduce(attentions, -3) if out is None else reduce(attentions, -3, out=out)
 
 
 def check_head_fusion(head_fusion: str) -> None:
@@ -141,14 +139,15 @@ class AttentionGraph:
         self.residual_alpha = residual_alpha
         self.head_fusion = head_fusion
         self.heads = heads
-        self._stream: Callable[[int], Tensor] | None = None
+        self._stream: Callable[[int, Tensor | None], Tensor] | None = None
+        self._stream_rows: Callable[[int, Tensor], Tensor] | None = None
         self._num_layers = weights.shape[0] if weights is not None else 0
         self._causal: bool | None = None
 
     @classmethod
     def streamed(
         cls,
-        fused_layer: Callable[[int], Tensor],
+        fused_layer: Callable[[int, Tensor | None], Tensor],
         num_layers: int,
         attention_mask: Tensor | None,
         batch: int,
@@ -157,17 +156,23 @@ class AttentionGraph:
         residual_alpha: float = 0.5,
         head_fusion: str = "mean",
         causal: bool | None = None,
+        fused_rows: Callable[[int, Tensor], Tensor] | None = None,
     ) -> "AttentionGraph":
-        """A graph whose layers are computed when asked for: ``fused_layer(l)`` gives the
-        head-fused attention probabilities (B, n, n) of layer l (0-based), which the graph mixes
-        with the residual. ``causal`` tells whether the attention is causal, if known.
+        """A graph whose layers are computed when asked for: ``fused_layer(l, out)`` gives the
+        head-fused attention probabilities (B, n, n) of layer l (0-based), written into ``out``
+        (B, n, n) float32 when that is a tensor, else in a new tensor; the graph mixes them with
+        the residual. ``causal`` tells whether the attention is causal, if known.
+        ``fused_rows(l, rows)``, if given, gives only the rows ``rows`` (B, S) of that matrix,
+        (B, S, n), for :meth:`rows` (else they are taken from the whole layer).
 
         Example::
 
             >>> import torch
             >>> from captum_attnflow.functional import AttentionGraph, attention_graph
             >>> attentions = torch.softmax(torch.randn(2, 1, 4, 5, 5), -1)  # (L, B, H, n, n)
-            >>> graph = AttentionGraph.streamed(lambda l: attentions[l].mean(1), 2, None, 1, 5, torch.device("cpu"))
+            >>> def fused_layer(index, out):
+            ...     return torch.mean(attentions[index], 1) if out is None else torch.mean(attentions[index], 1, out=out)
+            >>> graph = AttentionGraph.streamed(fused_layer, 2, None, 1, 5, torch.device("cpu"))
             >>> torch.allclose(graph.layer(1), attention_graph(attentions).weights[1])
             True
         """
@@ -175,6 +180,7 @@ class AttentionGraph:
         check_residual_alpha(residual_alpha)
         graph = cls(None, as_mask(attention_mask, batch, n, device), float(residual_alpha), head_fusion)
         graph._stream = fused_layer
+        graph._stream_rows = fused_rows
         graph._num_layers = num_layers
         graph._causal = causal
         return graph
@@ -212,7 +218,7 @@ class AttentionGraph:
             batch, n = self.mask.shape
             weights = torch.empty(self._num_layers, batch, n, n, dtype=torch.float32, device=self.mask.device)
             for index in range(self._num_layers):
-                weights[index] = self.layer(index)
+                self.layer(index, out=weights[index])
             self._weights = weights
         return self._weights
 
@@ -221,11 +227,24 @@ class AttentionGraph:
         """Whether the layers are still computed one at a time (``weights`` not built yet)."""
         return self._weights is None
 
-    def layer(self, index: int) -> Tensor:
-        """:math:`A_l` of layer ``index`` (0-based), (B, n, n) float32."""
+    def layer(self, index: int, out: Tensor | None = None) -> Tensor:
+        """:math:`A_l` of layer ``index`` (0-based), (B, n, n) float32; written into ``out``
+        (B, n, n) float32 if given (a streamed graph then allocates no layer of its own)."""
         if self._weights is not None:
-            return self._weights[index]
-        return _mix_in_place(self._stream(index).float(), self.mask, self.residual_alpha)
+            return self._weights[index] if out is None else out.copy_(self._weights[index])
+        fused = self._stream(index, out).float()
+        if out is not None and fused.data_ptr() != out.data_ptr():
+            fused = out.copy_(fused)
+        return _mix_in_place(fused, self.mask, self.residual_alpha)
+
+    def rows(self, index: int, positions: Tensor) -> Tensor:
+        """Rows ``positions`` (B, S) of :math:`A_l`, layer ``index`` (0-based): (B, S, n) float32.
+        A streamed graph with ``fused_rows`` computes only those rows."""
+        if self._weights is None and self._stream_rows is not None:
+            fused = self._stream_rows(index, positions).float()
+            return _mix_in_place(fused, self.mask, self.residual_alpha, positions)
+        batch = torch.arange(positions.shape[0], device=positions.device)[:, None]
+        return self.layer(index)[batch, positions]
 
     @property
     def num_layers(self) -> int:
@@ -242,13 +261,19 @@ class AttentionGraph:
         return self._causal
 
 
-def _mix_in_place(layer: Tensor, mask: Tensor, residual_alpha: float) -> Tensor:
+def _mix_in_place(layer: Tensor, mask: Tensor, residual_alpha: float, positions: Tensor | None = None) -> Tensor:
     """(B, n, n) fused probabilities -> :math:`A`: padding removed, :math:`\\alpha W + (1 - \\alpha) I`,
-    rows renormalised, all in place; returns ``layer``."""
-    keep = None if mask.all() else mask[:, :, None] & mask[:, None, :]
+    rows renormalised, all in place; returns ``layer``. With ``positions`` (B, S), ``layer`` is
+    (B, S, n), the rows of those positions only."""
+    row_mask = mask if positions is None else mask.gather(1, positions)
+    keep = None if mask.all() else row_mask[:, :, None] & mask[:, None, :]
     if keep is not None:
         layer.mul_(keep)
-    layer.mul_(residual_alpha).diagonal(dim1=-2, dim2=-1).add_(1.0 - residual_alpha)
+    layer.mul_(residual_alpha)
+    if positions is None:
+        layer.diagonal(dim1=-2, dim2=-1).add_(1.0 - residual_alpha)
+    else:  # the residual's 1 - alpha sits in each row's own column
+        layer.scatter_add_(-1, positions[..., None], torch.full_like(layer[..., :1], 1.0 - residual_alpha))
     sums = layer.sum(-1, keepdim=True)
     layer.div_(torch.where(sums > 0, sums, torch.ones_like(sums)))
     if keep is not None:

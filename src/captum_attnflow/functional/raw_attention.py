@@ -69,10 +69,10 @@ def raw_attention(
         position = default_position(graph.mask, graph.is_causal)
     sources, has_axis = positions(position, graph.mask)
     layers = layer_indices(layer, graph.num_layers)
-    batch = torch.arange(sources.shape[0], device=sources.device)[:, None]
     if head is None:
-        scores = torch.stack([graph.layer(index)[batch, sources] for index in layers])  # (layers, B, S, n)
+        scores = torch.stack([graph.rows(index, sources) for index in layers])  # (layers, B, S, n)
     else:
+        batch = torch.arange(sources.shape[0], device=sources.device)[:, None]
         heads = graph.heads[layers][:, :, head_indices(head, graph.heads.shape[2])]  # (layers, B, H', n, n)
         scores = heads.transpose(1, 2)[:, :, batch, sources]  # (layers, H', B, S, n)
     return shape_result(scores, layer, has_axis, head)

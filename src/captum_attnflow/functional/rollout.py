@@ -18,7 +18,6 @@ head layers".
 from __future__ import annotations
 
 import bisect
-from typing import Callable
 
 import numpy as np
 import torch
@@ -138,12 +137,10 @@ def rollout_rows(
     layers = layer_indices(layer, graph.num_layers)
     if head is not None:
         scores = _head_rows(graph, sources, layers, head_indices(head, graph.heads.shape[2]))
-    elif graph.is_streamed:  # one layer at a time, top-down, never all of them
-        scores = _propagate_rows(graph.layer, graph.mask.shape[1], sources, layers)
-    elif graph.weights.device.type == "cpu" and not graph.weights.requires_grad:
-        scores = torch.from_numpy(_rows_compiled(graph.weights.numpy(), sources.numpy(), layers))
+    elif graph.is_streamed or graph.weights.device.type != "cpu" or graph.weights.requires_grad:
+        scores = _propagate_rows(graph, sources, layers)  # streamed: one layer at a time, top-down
     else:
-        scores = _propagate_rows(graph.weights.__getitem__, graph.mask.shape[1], sources, layers)
+        scores = torch.from_numpy(_rows_compiled(graph.weights.numpy(), sources.numpy(), layers))
     return shape_result(scores, layer, has_axis, head)
 
 
@@ -174,16 +171,20 @@ def _head_rows(graph: AttentionGraph, sources: Tensor, layers: list[int], heads:
     return torch.stack(results)
 
 
-def _propagate_rows(layer: Callable[[int], Tensor], n: int, sources: Tensor, layers: list[int]) -> Tensor:
-    """Rows of ``sources`` (B, S) after each of ``layers`` (sorted, 0-based) through the graph whose
-    layer l is ``layer(l)`` (B, n, n), each asked for once, top-down: (len(layers), B, S, n)."""
+def _propagate_rows(graph: AttentionGraph, sources: Tensor, layers: list[int]) -> Tensor:
+    """Rows of ``sources`` (B, S) after each of ``layers`` (sorted, 0-based) through ``graph``,
+    each layer asked for once, top-down: (len(layers), B, S, n). Of the top layer only the
+    sources' rows are asked for (a streamed graph computes just those)."""
     batch, count = sources.shape
+    n = graph.mask.shape[1]
     # rows[:, k] explains the output of layers[k]; it is multiplied by A_l for every l <= layers[k].
-    start = torch.nn.functional.one_hot(sources, n).float()  # (B, S, n)
-    rows = start[:, None].expand(batch, len(layers), count, n).reshape(batch, len(layers) * count, n)
-    for index in range(layers[-1], -1, -1):
+    rows = graph.rows(layers[-1], sources)  # (B, S, n): the one-hot rows of the top layer, multiplied
+    start = torch.nn.functional.one_hot(sources, n).to(rows.dtype)  # (B, S, n)
+    rows = torch.cat([start[:, None].expand(batch, len(layers) - 1, count, n).reshape(batch, -1, n), rows], 1)
+    layer = torch.empty(batch, n, n, device=rows.device) if graph.is_streamed and layers[-1] > 0 else None
+    for index in range(layers[-1] - 1, -1, -1):  # a streamed graph writes each layer into ``layer``
         first = bisect.bisect_left(layers, index) * count
-        rows = torch.cat([rows[:, :first], torch.bmm(rows[:, first:], layer(index))], 1)
+        rows = torch.cat([rows[:, :first], torch.bmm(rows[:, first:], graph.layer(index, out=layer))], 1)
     return rows.reshape(batch, len(layers), count, n).permute(1, 0, 2, 3)
 
 

@@ -27,6 +27,7 @@ use eager attention and ``output_attentions`` (the stored-maps path).
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 import weakref
 from typing import Any, Iterator
@@ -47,9 +48,10 @@ LEAN_MODEL_TYPES = frozenset(
      "captum_attnflow_agreement"}
 )
 _NAME = "captum_attnflow_lean"
-# Per-head probabilities of one block of rows take at most about this many bytes: small blocks
-# stay in cache through matmul, softmax and fusion (8 MiB measured fastest at n = 4096 on 2 cores).
-_BLOCK_BYTES = 8 * 2**20
+# Per-head scores of one block of rows take at most about this many bytes (twice: scores and
+# probabilities). The q k^T product of a block is its largest cost and runs faster on more rows
+# (K = d = 64 is short): at n = 4096 on 2 cores 0.31 s a BERT layer at 8 MiB, 0.18 s at 48 MiB.
+_BLOCK_BYTES = 48 * 2**20
 
 
 def supports_lean(model: nn.Module) -> bool:
@@ -75,6 +77,7 @@ class LeanCapture:
         # function lives in each model's own module.
         self.output_function = ALL_ATTENTION_FUNCTIONS.get(saved, sdpa_attention_forward)
         self.layers: list[tuple[Tensor, Tensor, Tensor | None, float, bool]] = []
+        self._scratch: Tensor | None = None  # the row blocks' buffers, shared by all layers
 
     def add(self, query: Tensor, key: Tensor, mask: Tensor | None, scaling: float, causal: bool) -> None:
         if len(self.layers) == self.num_layers:
@@ -101,11 +104,20 @@ class LeanCapture:
                     return False
         return True
 
-    def fused_layer(self, index: int) -> Tensor:
-        """Head-fused attention probabilities (B, n, n) float32 of layer ``index``."""
+    def fused_layer(self, index: int, rows: Tensor | None = None, out: Tensor | None = None) -> Tensor:
+        """Head-fused attention probabilities float32 of layer ``index``: (B, n, n), or (B, S, n)
+        for the query rows ``rows`` (B, S) only; written into ``out`` if given."""
         query, key, mask, scaling, causal = self.layers[index]
-        out = torch.empty(query.shape[0], query.shape[2], key.shape[2], dtype=torch.float32, device=query.device)
-        return fused_probabilities(query, key, mask, scaling, causal, self.head_fusion, out)
+        if out is None:
+            count = query.shape[2] if rows is None else rows.shape[1]
+            out = torch.empty(query.shape[0], count, key.shape[2], dtype=torch.float32, device=query.device)
+        if rows is not None:
+            return fused_probabilities(query, key, mask, scaling, causal, self.head_fusion, out, rows)
+        if self._scratch is None:
+            # Kept for every layer: fresh buffers this size would be mapped, page-faulted and
+            # zeroed by the system on every layer (about 30 ms of 300 at n = 4096).
+            self._scratch = torch.empty(2, _scratch_size(query, key), dtype=torch.float32, device=query.device)
+        return fused_probabilities(query, key, mask, scaling, causal, self.head_fusion, out, scratch=self._scratch)
 
 
 _CAPTURES: "weakref.WeakKeyDictionary[nn.Module, LeanCapture]" = weakref.WeakKeyDictionary()
@@ -131,45 +143,98 @@ def _lean_attention(
 
 
 def fused_probabilities(
-    query: Tensor, key: Tensor, mask: Tensor | None, scaling: float, causal: bool, head_fusion: str, out: Tensor
+    query: Tensor,
+    key: Tensor,
+    mask: Tensor | None,
+    scaling: float,
+    causal: bool,
+    head_fusion: str,
+    out: Tensor,
+    rows: Tensor | None = None,
+    scratch: Tensor | None = None,
 ) -> Tensor:
-    """Head-fused attention probabilities (B, n, n) from queries (B, H, n, d) and keys (B, H_kv, n, d).
+    """Head-fused attention probabilities from queries (B, H, n, d) and keys (B, H_kv, n, d).
 
     :math:`P_h = \\operatorname{softmax}(q_h k_h^\\top s + M)`, computed in float32 one block of
     rows at a time and fused over heads per block, so the per-head maps never exist whole. ``mask``
     is transformers' 4-D mask for the query rows (bool, True = attend, or additive), or None;
     ``causal`` masks later keys when there is no mask. Rows without any allowed key (padding
     queries) come out 0.
+
+    Written into ``out``: (B, n, n) for every row, or (B, S, n) for the query rows ``rows``
+    (B, S) only (the top layer of a rollout, raw attention: S rows cost S/n of the layer).
+    ``scratch``: (2, m) float32 buffers for the row blocks, m >= :func:`_scratch_size`.
     """
     batch, heads, n, _ = query.shape
     if key.shape[1] != heads:  # grouped-query attention: each key head serves several query heads
         key = key.repeat_interleave(heads // key.shape[1], dim=1)
     keys = key.float().transpose(-1, -2)
-    block = max(1, _BLOCK_BYTES // (4 * batch * heads * key.shape[2]))
-    for start in range(0, n, block):
-        stop = min(n, start + block)
-        # Causal attention without a mask: the block's rows see keys up to ``stop`` only, so the
-        # later keys are neither multiplied nor normalised (half the work over the whole map).
-        width = stop if causal and mask is None else keys.shape[-1]
-        # Few passes over the (B, H, rows, n) block, which is memory-bound: the scaling on the
-        # queries (rows x d), the masks in place, then one softmax and one fusion pass.
-        scores = torch.matmul(query[:, :, start:stop].float() * scaling, keys[..., :width])
+    if rows is not None:
+        picked = torch.arange(batch, device=rows.device)[:, None]
+        scores = torch.matmul(query[picked, :, rows].transpose(1, 2).float() * scaling, keys)  # (B, H, S, n)
         if mask is not None:
-            rows = mask[..., start:stop, :]
-            if rows.dtype == torch.bool:
-                scores.masked_fill_(~rows, float("-inf"))
-            else:
-                scores.add_(rows.float())
+            allowed = mask.expand(batch, -1, n, -1)[picked, :, rows].transpose(1, 2)
+        else:
+            allowed = (torch.arange(n, device=rows.device) <= rows[..., None])[:, None] if causal else None
+        return _softmax_fused(scores, allowed, head_fusion, out)
+    # Two buffers of about _BLOCK_BYTES, reused by every block: fresh (B, H, rows, n) tensors per
+    # block cost a page fault per page, as much as the softmax itself at n = 4096.
+    keys_seen_causally = causal and mask is None
+    per_head = _scratch_size(query, key) // (batch * heads)  # numbers in one head's block
+    if scratch is None:
+        scratch = torch.empty(2, batch * heads * per_head, dtype=torch.float32, device=query.device)
+    start = 0
+    while start < n:
+        if keys_seen_causally:
+            # Causal attention without a mask: rows start..stop see keys up to ``stop`` only, so
+            # the later keys are neither multiplied nor normalised (half the work over the whole
+            # map), and early blocks are narrow: as many rows as fit, rows (start + rows) <= per_head.
+            fitting = int((math.sqrt(start * start + 4 * per_head) - start) / 2)
+            stop = min(n, start + max(1, fitting))
+            width = stop
+        else:
+            stop = min(n, start + max(1, per_head // keys.shape[-1]))
+            width = keys.shape[-1]
+        shape = (batch, heads, stop - start, width)
+        scores = scratch[0, : batch * heads * (stop - start) * width].view(shape)
+        # The scaling on the queries (rows x d), not on the (rows x n) scores.
+        torch.matmul(query[:, :, start:stop].float() * scaling, keys[..., :width], out=scores)
+        if mask is not None:
+            allowed = mask[..., start:stop, :]
         elif causal:
-            later = torch.ones(stop - start, width, dtype=torch.bool, device=query.device).triu(start + 1)
-            scores.masked_fill_(later, float("-inf"))
-        probabilities = torch.softmax(scores, dim=-1)
-        del scores
-        if mask is not None:
-            probabilities.nan_to_num_(0.0)  # a padding query with no allowed key: 0
-        out[:, start:stop, :width] = fuse_heads(probabilities, head_fusion)
+            allowed = torch.ones(stop - start, width, dtype=torch.bool, device=query.device).tril(start)
+        else:
+            allowed = None
+        probabilities = scratch[1, : scores.numel()].view(shape)
+        _softmax_fused(scores, allowed, head_fusion, out[:, start:stop, :width], probabilities)
         out[:, start:stop, width:] = 0.0
+        start = stop
     return out
+
+
+def _scratch_size(query: Tensor, key: Tensor) -> int:
+    """Numbers in one of the two row-block buffers: about _BLOCK_BYTES, at least one row."""
+    batch, heads = query.shape[:2]
+    return batch * heads * max(key.shape[2], _BLOCK_BYTES // (4 * batch * heads))
+
+
+def _softmax_fused(
+    scores: Tensor, allowed: Tensor | None, head_fusion: str, out: Tensor, probabilities: Tensor | None = None
+) -> Tensor:
+    """``out`` (B, R, k) = the heads of softmax(``scores`` (B, H, R, k) masked by ``allowed``) fused;
+    ``scores`` is overwritten, ``probabilities`` (its shape) is scratch space if given."""
+    if allowed is not None:
+        if allowed.dtype == torch.bool:
+            scores.masked_fill_(~allowed, float("-inf"))
+        else:  # an additive mask
+            scores.add_(allowed.float())
+    if probabilities is None:
+        probabilities = torch.softmax(scores, dim=-1)
+    else:  # softmax into the scratch buffer: torch.softmax has no ``out``, its aten kernel does
+        torch.ops.aten._softmax.out(scores, -1, False, out=probabilities)
+    if allowed is not None:
+        probabilities.nan_to_num_(0.0)  # a padding query with no allowed key: 0
+    return fuse_heads(probabilities, head_fusion, out=out)
 
 
 def _register() -> None:
