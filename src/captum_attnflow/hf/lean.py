@@ -199,12 +199,10 @@ def fused_probabilities(
         scores = scratch[0, : batch * heads * (stop - start) * width].view(shape)
         # The scaling on the queries (rows x d), not on the (rows x n) scores.
         torch.matmul(query[:, :, start:stop].float() * scaling, keys[..., :width], out=scores)
-        if mask is not None:
-            allowed = mask[..., start:stop, :]
-        elif causal:
-            allowed = torch.ones(stop - start, width, dtype=torch.bool, device=query.device).tril(start)
-        else:
-            allowed = None
+        allowed = None if mask is None else mask[..., start:stop, :]
+        if keys_seen_causally:  # every row sees the keys before ``start``: mask the block's own square only
+            later = torch.ones(stop - start, stop - start, dtype=torch.bool, device=query.device).triu(1)
+            scores[..., start:stop].masked_fill_(later, float("-inf"))
         probabilities = scratch[1, : scores.numel()].view(shape)
         _softmax_fused(scores, allowed, head_fusion, out[:, start:stop, :width], probabilities)
         out[:, start:stop, width:] = 0.0
