@@ -172,3 +172,17 @@ def test_attention_graph_rejects_bad_arguments():
         attention_graph(attentions, residual_alpha=-1)
     with pytest.raises(ValueError, match="attention_mask must have shape"):
         attention_graph(attentions, attention_mask=torch.ones(1, 5))
+
+
+def test_walking_a_large_streamed_graph_shows_a_progress_bar(capfd):
+    def never(index, out):
+        raise AssertionError("walk computes no layer")
+
+    large = AttentionGraph.streamed(never, 7, None, 1, 4000, torch.device("cpu"))  # 7 x 4000^2 = 1.1e8 numbers
+    small = AttentionGraph.streamed(never, 7, None, 1, 3000, torch.device("cpu"))
+    assert list(large.walk(range(7), "layers")) == list(range(7))
+    assert "layers" in capfd.readouterr().err
+    assert list(small.walk(range(6, -1, -1), "layers")) == list(range(6, -1, -1))
+    assert "layers" not in capfd.readouterr().err
+    list(small.walk(range(7), "layers", show_progress=True))
+    assert "layers" in capfd.readouterr().err

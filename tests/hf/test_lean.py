@@ -141,3 +141,12 @@ def test_causality_is_read_from_bool_and_additive_masks():
         capture = LeanCapture(1, "mean", "sdpa")
         capture.add(query, key, mask, 1.0, False)
         assert capture.causal is causal, name
+
+
+def test_rollout_on_the_lean_path_shows_a_progress_bar_when_asked(capfd):
+    model = make_tiny_model("bert")
+    ids, mask = ids_and_mask("bert", "right")
+    AttentionRollout(model).attribute(ids, attention_mask=mask, layer=None)
+    assert "attention rollout" not in capfd.readouterr().err  # tiny inputs: no bar by default
+    AttentionRollout(model).attribute(ids, attention_mask=mask, layer=None, show_progress=True)
+    assert "attention rollout" in capfd.readouterr().err

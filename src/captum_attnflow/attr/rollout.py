@@ -37,9 +37,13 @@ class AttentionRollout(AttentionAttribution):
         residual_alpha: float = 0.5,
         attention_mask: Tensor | None = None,
         head: int | str | None = None,
+        show_progress: bool | None = None,
     ) -> Tensor:
         """Rollout of ``position`` after ``layer`` onto the input tokens.
 {args}
+            show_progress (bool, optional): show a tqdm progress bar over the layers; None
+                (default) shows one for long inputs on the lean path (seconds of work).
+
         Returns:
             Tensor: float32 {shapes} Each row sums to 1 over real tokens; padding gets 0.
 
@@ -53,4 +57,4 @@ class AttentionRollout(AttentionAttribution):
             'keys'
         """
         graph, inputs = self._graph(inputs, additional_forward_args, attention_mask, residual_alpha, head_fusion, head is not None)
-        return rollout_rows(graph, position, layer, head=head).to(inputs.device)
+        return rollout_rows(graph, position, layer, head=head, show_progress=show_progress).to(inputs.device)

@@ -14,12 +14,13 @@ positions of layer :math:`l - 1`.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 import torch
 from numba import njit
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from captum_attnflow.functional.checks import (
     Attentions,
@@ -31,6 +32,12 @@ from captum_attnflow.functional.checks import (
 )
 
 HEAD_FUSIONS = ("mean", "max", "min")
+
+
+# A streamed layer is recomputed from queries and keys when asked for (about 0.3 s for BERT-base at
+# n = 4096 on 2 cores): from about this many numbers (B n^2 per layer) in the layers walked, a walk
+# takes seconds and shows a progress bar.
+_PROGRESS_NUMBERS = 1e8
 
 
 def fuse_heads(attentions: Tensor, head_fusion: str = "mean", out: Tensor | None = None) -> Tensor:
@@ -217,7 +224,7 @@ class AttentionGraph:
         if self._weights is None:
             batch, n = self.mask.shape
             weights = torch.empty(self._num_layers, batch, n, n, dtype=torch.float32, device=self.mask.device)
-            for index in range(self._num_layers):
+            for index in self.walk(range(self._num_layers), "attention layers"):
                 self.layer(index, out=weights[index])
             self._weights = weights
         return self._weights
@@ -236,6 +243,16 @@ class AttentionGraph:
         if out is not None and fused.data_ptr() != out.data_ptr():
             fused = out.copy_(fused)
         return _mix_in_place(fused, self.mask, self.residual_alpha)
+
+    def walk(self, indices: Iterable[int], description: str, show_progress: bool | None = None) -> Iterable[int]:
+        """The layer ``indices`` in order, with a tqdm progress bar: shown when ``show_progress``
+        is True, or when None (default) for a streamed graph whose layers walked hold more than
+        about 1e8 numbers (B n^2 each), where recomputing them takes seconds."""
+        indices = list(indices)
+        batch, n = self.mask.shape
+        large = self.is_streamed and batch * n * n * len(indices) > _PROGRESS_NUMBERS
+        show = large if show_progress is None else show_progress
+        return tqdm(indices, desc=description, unit="layer", disable=not show)
 
     def rows(self, index: int, positions: Tensor) -> Tensor:
         """Rows ``positions`` (B, S) of :math:`A_l`, layer ``index`` (0-based): (B, S, n) float32.

@@ -97,6 +97,7 @@ def rollout_rows(
     head_fusion: str = "mean",
     attention_mask: Tensor | None = None,
     head: int | str | None = None,
+    show_progress: bool | None = None,
 ) -> Tensor:
     """Rollout of the explained positions onto the input tokens, top-down.
 
@@ -113,6 +114,8 @@ def rollout_rows(
         layer: 1..L (or negative from the top) for one layer, None for all layers.
         residual_alpha, head_fusion, attention_mask: as in :func:`rollout`.
         head: {head}
+        show_progress: show a tqdm progress bar over the layers; None (default) shows one for
+            a streamed graph (lean capture) whose layers hold more than about 1e8 numbers.
 
     Returns:
         float32 (B, n) for one layer and one position per example; a leading layer axis
@@ -138,7 +141,7 @@ def rollout_rows(
     if head is not None:
         scores = _head_rows(graph, sources, layers, head_indices(head, graph.heads.shape[2]))
     elif graph.is_streamed or graph.weights.device.type != "cpu" or graph.weights.requires_grad:
-        scores = _propagate_rows(graph, sources, layers)  # streamed: one layer at a time, top-down
+        scores = _propagate_rows(graph, sources, layers, show_progress)  # streamed: a layer at a time, top-down
     else:
         scores = torch.from_numpy(_rows_compiled(graph.weights.numpy(), sources.numpy(), layers))
     return shape_result(scores, layer, has_axis, head)
@@ -171,7 +174,7 @@ def _head_rows(graph: AttentionGraph, sources: Tensor, layers: list[int], heads:
     return torch.stack(results)
 
 
-def _propagate_rows(graph: AttentionGraph, sources: Tensor, layers: list[int]) -> Tensor:
+def _propagate_rows(graph: AttentionGraph, sources: Tensor, layers: list[int], show_progress: bool | None) -> Tensor:
     """Rows of ``sources`` (B, S) after each of ``layers`` (sorted, 0-based) through ``graph``,
     each layer asked for once, top-down: (len(layers), B, S, n). Of the top layer only the
     sources' rows are asked for (a streamed graph computes just those)."""
@@ -182,7 +185,8 @@ def _propagate_rows(graph: AttentionGraph, sources: Tensor, layers: list[int]) -
     start = torch.nn.functional.one_hot(sources, n).to(rows.dtype)  # (B, S, n)
     rows = torch.cat([start[:, None].expand(batch, len(layers) - 1, count, n).reshape(batch, -1, n), rows], 1)
     layer = torch.empty(batch, n, n, device=rows.device) if graph.is_streamed and layers[-1] > 0 else None
-    for index in range(layers[-1] - 1, -1, -1):  # a streamed graph writes each layer into ``layer``
+    # A streamed graph writes each layer into ``layer``.
+    for index in graph.walk(range(layers[-1] - 1, -1, -1), "attention rollout", show_progress):
         first = bisect.bisect_left(layers, index) * count
         rows = torch.cat([rows[:, :first], torch.bmm(rows[:, first:], graph.layer(index, out=layer))], 1)
     return rows.reshape(batch, len(layers), count, n).permute(1, 0, 2, 3)
