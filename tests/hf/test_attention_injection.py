@@ -7,7 +7,8 @@ import pytest
 import torch
 import transformers
 
-from captum_attnflow import eager_attention
+from captum_attnflow import AttentionRollout, RawAttention, eager_attention
+from captum_attnflow.functional import rollout_rows
 from captum_attnflow.hf import inject_attention
 from captum_attnflow.models.tagger import TaggerModel, yang_tagger_config
 
@@ -113,3 +114,22 @@ def test_errors_name_the_fix():
     with pytest.raises(TypeError, match="no Hugging Face"):
         with inject_attention(torch.nn.Linear(2, 2), keep):
             pass
+
+
+@pytest.mark.parametrize("lean", [None, False])
+def test_attributions_inside_the_block_explain_the_injected_attention(lean):
+    """Inside the block the model applies the injected weights: raw attention and rollout read
+    those (not eager attention, not weights recomputed from queries and keys)."""
+    model = MODELS["bert"]().eval()  # 2 layers, 4 heads, sdpa as loaded
+    ids = torch.tensor([[3, 10, 11, 12, 13]])
+    peaked = torch.softmax(torch.randn(5, 5, generator=torch.Generator().manual_seed(0)) * 3, -1)  # (n, n)
+    injected = lambda layer, weights: peaked.expand_as(weights).contiguous()
+    with inject_attention(model, injected):
+        raw = RawAttention(model, lean=lean).attribute(ids, layer=None)
+        rolled = AttentionRollout(model, lean=lean).attribute(ids, layer=None)
+        with pytest.raises(ValueError, match="inject_attention"):
+            RawAttention(model, lean=True).attribute(ids)
+    torch.testing.assert_close(raw[:, 0], peaked[0].expand(2, 5))  # (L, B, n): row 0 in every layer
+    attentions = peaked.expand(2, 1, 4, 5, 5)  # (L, B, H, n, n)
+    torch.testing.assert_close(rolled, rollout_rows(attentions, position=0, layer=None))
+    assert model.config._attn_implementation == "sdpa"

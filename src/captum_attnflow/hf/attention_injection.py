@@ -23,7 +23,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
 from captum_attnflow.hf.models import hf_models
-from captum_attnflow.hf.state import hooks_restored, implementation
+from captum_attnflow.hf.state import SUBSTITUTED_ATTENTION, hooks_restored, implementation
 
 _NAME = "captum_attnflow_injected"
 _REPLACE: ContextVar[Callable[[int, Tensor], Tensor] | None] = ContextVar(_NAME, default=None)
@@ -68,6 +68,7 @@ def _injected_attention(
 AttentionInterface.register(_NAME, _injected_attention)
 # The function adds the mask to the scores, as eager attention does, so it needs eager's additive mask.
 AttentionMaskInterface.register(_NAME, eager_mask)
+SUBSTITUTED_ATTENTION.add(_NAME)  # explained with the weights it applies, not recomputed
 
 
 @contextlib.contextmanager

@@ -135,7 +135,8 @@ def capture_graph(
     if lean and not applies:
         raise ValueError(
             "the lean path applies to Hugging Face models of the types in captum_attnflow.hf.lean.LEAN_MODEL_TYPES "
-            "called directly, with fused heads; use lean=None or False here."
+            "called directly, with fused heads, computing their own attention (not inside inject_attention); "
+            "use lean=None or False here."
         )
     graph = None
     if applies and lean is not False:

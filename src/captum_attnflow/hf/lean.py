@@ -41,7 +41,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from captum_attnflow.functional.graph import fuse_heads
 from captum_attnflow.hf.models import hf_models
-from captum_attnflow.hf.state import exclusive, implementation
+from captum_attnflow.hf.state import exclusive, implementation, uses_substituted_attention
 
 LEAN_MODEL_TYPES = frozenset(
     {"bert", "roberta", "xlm-roberta", "distilbert", "gpt2", "llama", "mistral", "qwen2", "vit", "deit",
@@ -55,9 +55,12 @@ _BLOCK_BYTES = 48 * 2**20
 
 
 def supports_lean(model: nn.Module) -> bool:
-    """Whether :func:`lean_capture` applies to ``model`` (see :data:`LEAN_MODEL_TYPES`)."""
-    return isinstance(model, PreTrainedModel) and all(
-        getattr(m.config, "model_type", None) in LEAN_MODEL_TYPES for m in hf_models(model)
+    """Whether :func:`lean_capture` applies to ``model``: a model type of :data:`LEAN_MODEL_TYPES`
+    computing its own attention (not one put in by :func:`~captum_attnflow.hf.inject_attention`)."""
+    return (
+        isinstance(model, PreTrainedModel)
+        and all(getattr(m.config, "model_type", None) in LEAN_MODEL_TYPES for m in hf_models(model))
+        and not uses_substituted_attention(model)
     )
 
 

@@ -26,7 +26,8 @@ def eager_attention(module: nn.Module) -> Iterator[None]:
 
     Transformers 5 defaults to ``sdpa`` attention, which computes no attention weights, so
     ``output_attentions=True`` gives an empty tuple. Each model's own attention implementation
-    is restored on exit, also after an exception. :func:`~captum_attnflow.extract_attentions` uses it; call it
+    is restored on exit, also after an exception; an attention put in by
+    :func:`~captum_attnflow.hf.inject_attention` is kept (it returns the weights it applies). :func:`~captum_attnflow.extract_attentions` uses it; call it
     yourself to get attentions from a model you run directly.
 
     Args:
@@ -50,14 +51,27 @@ def eager_attention(module: nn.Module) -> Iterator[None]:
         >>> len(output.attentions), model.config._attn_implementation  # restored afterwards
         (2, 'sdpa')
     """
-    with implementation(module, "eager"):
+    # An attention put in by inject_attention returns its weights already: it stays.
+    with implementation(module, "eager", keep=frozenset(SUBSTITUTED_ATTENTION)):
         yield
 
 
+# Attention implementations whose weights are not softmax(q k^T s + M) of the layer's own queries
+# and keys (captum_attnflow's inject_attention adds its own): a model running one is explained
+# with the weights it returns, never switched to eager nor recomputed from queries and keys.
+SUBSTITUTED_ATTENTION: set[str] = set()
+
+
+def uses_substituted_attention(module: nn.Module) -> bool:
+    """Whether a Hugging Face model inside ``module`` runs an attention of :data:`SUBSTITUTED_ATTENTION`."""
+    return any(config._attn_implementation_internal in SUBSTITUTED_ATTENTION for config in configs(hf_models(module)).values())
+
+
 @contextlib.contextmanager
-def implementation(module: nn.Module, name: str) -> Iterator[None]:
+def implementation(module: nn.Module, name: str, keep: frozenset[str] = frozenset()) -> Iterator[None]:
     """Every Hugging Face model inside ``module`` uses the attention implementation ``name``
-    (a built-in one or one registered with ``transformers.AttentionInterface``) for the block.
+    (a built-in one or one registered with ``transformers.AttentionInterface``) for the block,
+    except configs whose implementation is in ``keep``.
 
     Written into every config and sub-config (models read ``config._attn_implementation`` at
     each forward) and restored to each one's own value on exit, also when the block raises.
@@ -68,7 +82,8 @@ def implementation(module: nn.Module, name: str) -> Iterator[None]:
         saved = {key: config._attn_implementation_internal for key, config in found.items()}
         try:
             for config in found.values():
-                config._attn_implementation_internal = name
+                if config._attn_implementation_internal not in keep:
+                    config._attn_implementation_internal = name
             yield
         finally:
             for key, config in found.items():
