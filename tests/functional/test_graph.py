@@ -174,6 +174,46 @@ def test_attention_graph_rejects_bad_arguments():
         attention_graph(attentions, attention_mask=torch.ones(1, 5))
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    batch=st.integers(1, 3),
+    n=st.integers(1, 8),
+    count=st.integers(1, 3),
+    block=st.integers(1, 8),
+    alpha=st.sampled_from([0.0, 0.3, 0.5, 1.0]),
+    fusion=st.sampled_from(["mean", "max", "min"]),
+    padded=st.booleans(),
+    causal=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_propagate_block_by_block_equals_the_explicit_product(batch, n, count, block, alpha, fusion, padded, causal, seed):
+    """v A_l with the residual mixed in implicitly, from blocks of rows (causal blocks narrower)."""
+    generator = torch.Generator().manual_seed(seed)
+    attentions = softmax_attentions(1, batch, 3, n, n, seed=seed)
+    if causal:
+        attentions = attentions.tril()
+        attentions = attentions / attentions.sum(-1, keepdim=True)
+    mask = None
+    if padded:
+        lengths = torch.randint(1, n + 1, (batch,), generator=generator)
+        mask = (torch.arange(n)[None] < lengths[:, None]).long()
+    expected_layer = reference_graph(attentions, alpha, fusion, mask)[0].double()
+    fused = fuse_heads(attentions, fusion)[0]  # (B, n, n)
+
+    def fused_blocks(index):
+        for start in range(0, n, block):
+            stop = min(n, start + block)
+            width = stop if causal else n
+            yield start, stop, fused[:, start:stop, :width].clone()
+
+    graph = AttentionGraph.streamed(lambda index, out: fused.clone(), 1, mask, batch, n, torch.device("cpu"),
+                                    alpha, fusion, fused_blocks=fused_blocks)
+    rows = torch.rand(batch, count, n, generator=generator)
+    assert graph.is_blockwise
+    torch.testing.assert_close(graph.propagate(0, rows).double(), rows.double() @ expected_layer, atol=1e-6, rtol=1e-5)
+    assert graph.is_streamed
+
+
 def test_walking_a_large_streamed_graph_shows_a_progress_bar(capfd):
     def never(index, out):
         raise AssertionError("walk computes no layer")

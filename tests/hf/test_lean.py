@@ -8,6 +8,7 @@ import torch
 import transformers
 
 from captum_attnflow import AttentionFlow, AttentionRollout, RawAttention, load_agreement_model
+from captum_attnflow.functional import rollout_rows
 from captum_attnflow.hf import capture_graph
 from captum_attnflow.hf.lean import LeanCapture, lean_capture
 from helpers import make_tiny_model, model_state, padded_batch
@@ -52,6 +53,8 @@ def test_lean_layers_computed_in_many_row_blocks(monkeypatch, arch, side, block_
     ids, mask = ids_and_mask(arch, side)
     lean = capture_graph(model, ids, attention_mask=mask, lean=True)
     stored = capture_graph(model, ids, attention_mask=mask, lean=False)
+    torch.testing.assert_close(rollout_rows(lean, layer=None), rollout_rows(stored, layer=None), atol=1e-6, rtol=0)
+    assert lean.is_streamed  # the rollout multiplied block by block (or layer by layer), stored nothing
     torch.testing.assert_close(lean.weights, stored.weights, atol=1e-6, rtol=0)
 
 

@@ -148,6 +148,7 @@ class AttentionGraph:
         self.heads = heads
         self._stream: Callable[[int, Tensor | None], Tensor] | None = None
         self._stream_rows: Callable[[int, Tensor], Tensor] | None = None
+        self._stream_blocks: Callable[[int], Iterable[tuple[int, int, Tensor]]] | None = None
         self._num_layers = weights.shape[0] if weights is not None else 0
         self._causal: bool | None = None
 
@@ -164,6 +165,7 @@ class AttentionGraph:
         head_fusion: str = "mean",
         causal: bool | None = None,
         fused_rows: Callable[[int, Tensor], Tensor] | None = None,
+        fused_blocks: Callable[[int], Iterable[tuple[int, int, Tensor]]] | None = None,
     ) -> "AttentionGraph":
         """A graph whose layers are computed when asked for: ``fused_layer(l, out)`` gives the
         head-fused attention probabilities (B, n, n) of layer l (0-based), written into ``out``
@@ -171,6 +173,10 @@ class AttentionGraph:
         the residual. ``causal`` tells whether the attention is causal, if known.
         ``fused_rows(l, rows)``, if given, gives only the rows ``rows`` (B, S) of that matrix,
         (B, S, n), for :meth:`rows` (else they are taken from the whole layer).
+        ``fused_blocks(l)``, if given, yields the matrix by blocks of rows, ``(start, stop,
+        block)`` with ``block`` (B, stop - start, w) the rows start..stop over the first w
+        columns (the others 0), each valid until the next; :meth:`propagate` then never holds
+        the whole layer.
 
         Example::
 
@@ -188,6 +194,7 @@ class AttentionGraph:
         graph = cls(None, as_mask(attention_mask, batch, n, device), float(residual_alpha), head_fusion)
         graph._stream = fused_layer
         graph._stream_rows = fused_rows
+        graph._stream_blocks = fused_blocks
         graph._num_layers = num_layers
         graph._causal = causal
         return graph
@@ -253,6 +260,35 @@ class AttentionGraph:
         large = self.is_streamed and batch * n * n * len(indices) > _PROGRESS_NUMBERS
         show = large if show_progress is None else show_progress
         return tqdm(indices, desc=description, unit="layer", disable=not show)
+
+    @property
+    def is_blockwise(self) -> bool:
+        """Whether :meth:`propagate` multiplies block by block, never building a whole layer."""
+        return self._weights is None and self._stream_blocks is not None
+
+    def propagate(self, index: int, rows: Tensor, layer: Tensor | None = None) -> Tensor:
+        """``rows`` (B, c, n) times :math:`A_l` of layer ``index``: (B, c, n) float32.
+
+        A streamed graph with ``fused_blocks`` multiplies block by block and mixes the residual
+        in implicitly: with :math:`s_i = \\alpha \\sum_{j \\text{ real}} W_{ij} + 1 - \\alpha`
+        (the row sums :math:`A` is renormalised by) and :math:`u = v \\odot m / s`,
+        :math:`v A = m \\odot (\\alpha\\, u W + (1 - \\alpha) u)` (:math:`m` the real-token
+        mask), so the (B, n, n) layer is never written out. Otherwise the layer is built, into
+        ``layer`` (B, n, n) if given.
+        """
+        if not self.is_blockwise:
+            return torch.bmm(rows, self.layer(index, out=layer))
+        alpha = self.residual_alpha
+        mask = self.mask.to(rows.dtype)  # (B, n)
+        product = torch.zeros_like(rows)
+        scaled = torch.empty_like(rows)  # u
+        for start, stop, block in self._stream_blocks(index):  # block (B, R, w): W[start:stop, :w]
+            width = block.shape[-1]
+            sums = torch.bmm(block, mask[:, :width, None]).squeeze(-1).mul_(alpha).add_(1.0 - alpha)  # (B, R)
+            sums = torch.where(sums > 0, sums, torch.ones_like(sums))
+            scaled[..., start:stop] = rows[..., start:stop] * (mask[:, None, start:stop] / sums[:, None, :])
+            product[..., :width].baddbmm_(scaled[..., start:stop], block)
+        return product.mul_(alpha).add_(scaled, alpha=1.0 - alpha).mul_(mask[:, None, :])
 
     def rows(self, index: int, positions: Tensor) -> Tensor:
         """Rows ``positions`` (B, S) of :math:`A_l`, layer ``index`` (0-based): (B, S, n) float32.

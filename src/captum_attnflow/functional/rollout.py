@@ -184,11 +184,12 @@ def _propagate_rows(graph: AttentionGraph, sources: Tensor, layers: list[int], s
     rows = graph.rows(layers[-1], sources)  # (B, S, n): the one-hot rows of the top layer, multiplied
     start = torch.nn.functional.one_hot(sources, n).to(rows.dtype)  # (B, S, n)
     rows = torch.cat([start[:, None].expand(batch, len(layers) - 1, count, n).reshape(batch, -1, n), rows], 1)
-    layer = torch.empty(batch, n, n, device=rows.device) if graph.is_streamed and layers[-1] > 0 else None
-    # A streamed graph writes each layer into ``layer``.
+    # A streamed graph that builds its layers writes each one into ``layer``.
+    builds = graph.is_streamed and not graph.is_blockwise and layers[-1] > 0
+    layer = torch.empty(batch, n, n, device=rows.device) if builds else None
     for index in graph.walk(range(layers[-1] - 1, -1, -1), "attention rollout", show_progress):
         first = bisect.bisect_left(layers, index) * count
-        rows = torch.cat([rows[:, :first], torch.bmm(rows[:, first:], graph.layer(index, out=layer))], 1)
+        rows = torch.cat([rows[:, :first], graph.propagate(index, rows[:, first:], layer)], 1)
     return rows.reshape(batch, len(layers), count, n).permute(1, 0, 2, 3)
 
 

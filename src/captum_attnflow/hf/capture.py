@@ -185,6 +185,8 @@ def _lean_graph(
     return AttentionGraph.streamed(
         fused_layer, capture.num_layers, attention_mask, batch, n, capture.layers[0][0].device,
         residual_alpha, head_fusion, capture.causal, fused_rows,
+        # Blocks of rows in the run's order: only when that is the inputs' order.
+        capture.fused_blocks if back is None else None,
     )
 
 

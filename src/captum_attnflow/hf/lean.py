@@ -13,9 +13,10 @@ layer then
 
 Afterwards each layer's probabilities :math:`\\operatorname{softmax}(q k^\\top s + M)` are
 recomputed when a method asks for that layer, in blocks of rows whose heads are fused at once
-(grouped-query heads repeated): rollout walks the layers top-down holding one fused (B, n, n)
-layer at a time; flow and raw attention build the L·n² fused graph; the per-head maps never
-exist whole.
+(grouped-query heads repeated): rollout walks the layers top-down multiplying its rows by each
+layer block by block (the (B, n, n) layer is never written out; of the top layer only the
+explained rows are computed), raw attention computes only the rows it returns, flow builds the
+L·n² fused graph; the per-head maps never exist whole.
 
 It applies to models whose attention goes through the interface with queries, keys, a mask
 from transformers' mask functions and a scaling factor, and nothing else that changes the
@@ -115,12 +116,19 @@ class LeanCapture:
             count = query.shape[2] if rows is None else rows.shape[1]
             out = torch.empty(query.shape[0], count, key.shape[2], dtype=torch.float32, device=query.device)
         if rows is not None:
-            return fused_probabilities(query, key, mask, scaling, causal, self.head_fusion, out, rows)
+            return fused_rows(query, key, mask, scaling, causal, self.head_fusion, rows, out)
+        for start, stop, block in self.fused_blocks(index, out):
+            out[:, start:stop, block.shape[-1]:] = 0.0  # keys a causal block cannot see
+        return out
+
+    def fused_blocks(self, index: int, out: Tensor | None = None) -> Iterator[tuple[int, int, Tensor]]:
+        """:func:`fused_blocks` of layer ``index``, in buffers shared by all layers."""
+        query, key, mask, scaling, causal = self.layers[index]
         if self._scratch is None:
             # Kept for every layer: fresh buffers this size would be mapped, page-faulted and
             # zeroed by the system on every layer (about 30 ms of 300 at n = 4096).
-            self._scratch = torch.empty(2, _scratch_size(query, key), dtype=torch.float32, device=query.device)
-        return fused_probabilities(query, key, mask, scaling, causal, self.head_fusion, out, scratch=self._scratch)
+            self._scratch = torch.empty(_scratch_size(query, key), dtype=torch.float32, device=query.device)
+        return fused_blocks(query, key, mask, scaling, causal, self.head_fusion, self._scratch, out)
 
 
 _CAPTURES: "weakref.WeakKeyDictionary[nn.Module, LeanCapture]" = weakref.WeakKeyDictionary()
@@ -145,47 +153,56 @@ def _lean_attention(
     return output[0], None
 
 
-def fused_probabilities(
+def fused_rows(
+    query: Tensor, key: Tensor, mask: Tensor | None, scaling: float, causal: bool, head_fusion: str, rows: Tensor, out: Tensor
+) -> Tensor:
+    """Head-fused attention probabilities (B, S, n) of the query rows ``rows`` (B, S) only, into
+    ``out``; arguments as in :func:`fused_blocks` (the top layer of a rollout, raw attention:
+    S rows cost S/n of the layer)."""
+    batch, heads, n, _ = query.shape
+    keys = _keys(key, heads)
+    picked = torch.arange(batch, device=rows.device)[:, None]
+    scores = torch.matmul(query[picked, :, rows].transpose(1, 2).float() * scaling, keys)  # (B, H, S, n)
+    if mask is not None:
+        allowed = mask.expand(batch, -1, n, -1)[picked, :, rows].transpose(1, 2)
+    else:
+        allowed = (torch.arange(n, device=rows.device) <= rows[..., None])[:, None] if causal else None
+    return _softmax_fused(scores, allowed, head_fusion, out)
+
+
+def fused_blocks(
     query: Tensor,
     key: Tensor,
     mask: Tensor | None,
     scaling: float,
     causal: bool,
     head_fusion: str,
-    out: Tensor,
-    rows: Tensor | None = None,
     scratch: Tensor | None = None,
-) -> Tensor:
-    """Head-fused attention probabilities from queries (B, H, n, d) and keys (B, H_kv, n, d).
+    out: Tensor | None = None,
+) -> Iterator[tuple[int, int, Tensor]]:
+    """Head-fused attention probabilities from queries (B, H, n, d) and keys (B, H_kv, n, d), by blocks of rows.
 
     :math:`P_h = \\operatorname{softmax}(q_h k_h^\\top s + M)`, computed in float32 one block of
     rows at a time and fused over heads per block, so the per-head maps never exist whole. ``mask``
     is transformers' 4-D mask for the query rows (bool, True = attend, or additive), or None;
     ``causal`` masks later keys when there is no mask. Rows without any allowed key (padding
-    queries) come out 0.
+    queries) come out 0. Grouped-query key heads are repeated.
 
-    Written into ``out``: (B, n, n) for every row, or (B, S, n) for the query rows ``rows``
-    (B, S) only (the top layer of a rollout, raw attention: S rows cost S/n of the layer).
-    ``scratch``: (2, m) float32 buffers for the row blocks, m >= :func:`_scratch_size`.
+    Yields ``(start, stop, block)``: ``block`` (B, stop - start, w) holds the fused rows
+    start..stop over the first w keys, the later ones being 0 (causal attention, whose blocks
+    see only the keys up to ``stop``). It is ``out[:, start:stop, :w]`` when ``out`` (B, n, n)
+    is given, else a view of ``scratch`` valid until the next block. ``scratch``: float32
+    buffer of at least :func:`_scratch_size` numbers (allocated if None).
     """
     batch, heads, n, _ = query.shape
-    if key.shape[1] != heads:  # grouped-query attention: each key head serves several query heads
-        key = key.repeat_interleave(heads // key.shape[1], dim=1)
-    keys = key.float().transpose(-1, -2)
-    if rows is not None:
-        picked = torch.arange(batch, device=rows.device)[:, None]
-        scores = torch.matmul(query[picked, :, rows].transpose(1, 2).float() * scaling, keys)  # (B, H, S, n)
-        if mask is not None:
-            allowed = mask.expand(batch, -1, n, -1)[picked, :, rows].transpose(1, 2)
-        else:
-            allowed = (torch.arange(n, device=rows.device) <= rows[..., None])[:, None] if causal else None
-        return _softmax_fused(scores, allowed, head_fusion, out)
-    # Two buffers of about _BLOCK_BYTES, reused by every block: fresh (B, H, rows, n) tensors per
+    keys = _keys(key, heads)
+    # Buffers of about _BLOCK_BYTES, reused by every block: fresh (B, H, rows, n) tensors per
     # block cost a page fault per page, as much as the softmax itself at n = 4096.
     keys_seen_causally = causal and mask is None
-    per_head = _scratch_size(query, key) // (batch * heads)  # numbers in one head's block
+    per_head = _head_block_numbers(batch, heads, keys.shape[-1])  # numbers in one head's block
     if scratch is None:
-        scratch = torch.empty(2, batch * heads * per_head, dtype=torch.float32, device=query.device)
+        scratch = torch.empty(_scratch_size(query, key), dtype=torch.float32, device=query.device)
+    size = batch * heads * per_head
     start = 0
     while start < n:
         if keys_seen_causally:
@@ -199,24 +216,40 @@ def fused_probabilities(
             stop = min(n, start + max(1, per_head // keys.shape[-1]))
             width = keys.shape[-1]
         shape = (batch, heads, stop - start, width)
-        scores = scratch[0, : batch * heads * (stop - start) * width].view(shape)
+        numbers = batch * heads * (stop - start) * width
+        scores = scratch[:numbers].view(shape)
         # The scaling on the queries (rows x d), not on the (rows x n) scores.
         torch.matmul(query[:, :, start:stop].float() * scaling, keys[..., :width], out=scores)
         allowed = None if mask is None else mask[..., start:stop, :]
         if keys_seen_causally:  # every row sees the keys before ``start``: mask the block's own square only
             later = torch.ones(stop - start, stop - start, dtype=torch.bool, device=query.device).triu(1)
             scores[..., start:stop].masked_fill_(later, float("-inf"))
-        probabilities = scratch[1, : scores.numel()].view(shape)
-        _softmax_fused(scores, allowed, head_fusion, out[:, start:stop, :width], probabilities)
-        out[:, start:stop, width:] = 0.0
+        probabilities = scratch[size : size + numbers].view(shape)
+        if out is not None:
+            block = out[:, start:stop, :width]
+        else:
+            block = scratch[2 * size : 2 * size + numbers // heads].view(batch, stop - start, width)
+        yield start, stop, _softmax_fused(scores, allowed, head_fusion, block, probabilities)
         start = stop
-    return out
+
+
+def _keys(key: Tensor, heads: int) -> Tensor:
+    """(B, H, d, n) float32 keys, grouped-query key heads repeated for their query heads."""
+    if key.shape[1] != heads:
+        key = key.repeat_interleave(heads // key.shape[1], dim=1)
+    return key.float().transpose(-1, -2)
+
+
+def _head_block_numbers(batch: int, heads: int, n: int) -> int:
+    """Numbers in one head's block of scores: about _BLOCK_BYTES over all heads, at least one row."""
+    return max(n, _BLOCK_BYTES // (4 * batch * heads))
 
 
 def _scratch_size(query: Tensor, key: Tensor) -> int:
-    """Numbers in one of the two row-block buffers: about _BLOCK_BYTES, at least one row."""
+    """Numbers in the scratch buffer of :func:`fused_blocks`: scores and probabilities of a
+    block (B, H, rows, keys), and its fused rows (B, rows, keys)."""
     batch, heads = query.shape[:2]
-    return batch * heads * max(key.shape[2], _BLOCK_BYTES // (4 * batch * heads))
+    return (2 * heads + 1) * batch * _head_block_numbers(batch, heads, key.shape[2])
 
 
 def _softmax_fused(
