@@ -262,12 +262,11 @@ class LLMAttentionAttribution(Attribution):
         replay = type(self.attr_method)(lambda _inputs: attentions)
         lengths = torch.tensor([o.numel() for o in outputs], device=ids.device)
         starts = torch.tensor([off + p.numel() - 1 for off, p in zip(offsets, prompts)], device=ids.device)
-        steps = []
-        for t in range(int(lengths.max())):
-            # examples with fewer output tokens repeat their last one; those rows are dropped below
-            position = starts + torch.clamp(lengths - 1, max=t)
-            steps.append(replay.attribute(ids, position=position, layer=layer, attention_mask=mask, **kwargs))
-        scores = torch.stack(steps, 1)  # (B, max n_out, N)
+        # All predicting positions in one call, (B, max n_out): examples with fewer output tokens
+        # repeat their last one; those rows are dropped below.
+        steps = torch.arange(int(lengths.max()), device=ids.device)
+        position = starts[:, None] + torch.minimum(lengths[:, None] - 1, steps[None, :])
+        scores = replay.attribute(ids, position=position, layer=layer, attention_mask=mask, **kwargs)  # (B, max n_out, N)
         return [
             scores[b, : o.numel(), off : off + s.numel()]
             for b, (o, s, off) in enumerate(zip(outputs, sequences, offsets))
