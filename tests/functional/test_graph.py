@@ -28,6 +28,12 @@ def reference_graph(attentions, alpha, fusion, mask):
     return torch.from_numpy(graph).float()
 
 
+def right_padding_mask(batch, n, generator):
+    """(B, n) long mask of random lengths 1..n, padding on the right."""
+    lengths = torch.randint(1, n + 1, (batch,), generator=generator)
+    return (torch.arange(n)[None] < lengths[:, None]).long()
+
+
 def test_fuse_heads_by_hand():
     heads = torch.tensor([[[1.0, 0.0], [0.0, 1.0]], [[0.0, 1.0], [1.0, 0.0]]])  # (H=2, 2, 2)
     torch.testing.assert_close(fuse_heads(heads, "mean"), torch.full((2, 2), 0.5))
@@ -81,10 +87,7 @@ def test_attention_graph_removes_padding_by_hand(differentiable):
 )
 def test_attention_graph_matches_numpy_reference(layers, batch, heads, n, alpha, fusion, padded, seed):
     attentions = softmax_attentions(layers, batch, heads, n, n, seed=seed)
-    mask = None
-    if padded:
-        lengths = torch.randint(1, n + 1, (batch,), generator=torch.Generator().manual_seed(seed))
-        mask = (torch.arange(n)[None] < lengths[:, None]).long()
+    mask = right_padding_mask(batch, n, torch.Generator().manual_seed(seed)) if padded else None
     expected = reference_graph(attentions, alpha, fusion, mask)
     compiled = attention_graph(attentions, alpha, fusion, mask).weights
     differentiable = attention_graph(attentions.clone().requires_grad_(), alpha, fusion, mask).weights
@@ -111,10 +114,7 @@ def test_attention_graph_matches_numpy_reference(layers, batch, heads, n, alpha,
 def test_streamed_graph_layers_and_rows_match_numpy_reference(batch, n, count, alpha, fusion, padded, seed):
     attentions = softmax_attentions(2, batch, 3, n, n, seed=seed)
     generator = torch.Generator().manual_seed(seed)
-    mask = None
-    if padded:
-        lengths = torch.randint(1, n + 1, (batch,), generator=generator)
-        mask = (torch.arange(n)[None] < lengths[:, None]).long()
+    mask = right_padding_mask(batch, n, generator) if padded else None
     expected = reference_graph(attentions, alpha, fusion, mask)
     fused = fuse_heads(attentions, fusion)  # (L, B, n, n)
     asked = []
@@ -193,10 +193,7 @@ def test_propagate_block_by_block_equals_the_explicit_product(batch, n, count, b
     if causal:
         attentions = attentions.tril()
         attentions = attentions / attentions.sum(-1, keepdim=True)
-    mask = None
-    if padded:
-        lengths = torch.randint(1, n + 1, (batch,), generator=generator)
-        mask = (torch.arange(n)[None] < lengths[:, None]).long()
+    mask = right_padding_mask(batch, n, generator) if padded else None
     expected_layer = reference_graph(attentions, alpha, fusion, mask)[0].double()
     fused = fuse_heads(attentions, fusion)[0]  # (B, n, n)
 
