@@ -1,3 +1,5 @@
+import gc
+import weakref
 
 import numpy as np
 import pytest
@@ -209,6 +211,24 @@ def test_propagate_block_by_block_equals_the_explicit_product(batch, n, count, b
     assert graph.is_blockwise
     torch.testing.assert_close(graph.propagate(0, rows).double(), rows.double() @ expected_layer, atol=1e-6, rtol=1e-5)
     assert graph.is_streamed
+
+
+def test_a_streamed_graph_lets_go_of_its_source_once_all_layers_are_built():
+    attentions = softmax_attentions(2, 1, 3, 4, 4)
+
+    class Source:  # stands for a lean capture holding every layer's queries and keys
+        def __call__(self, index, out):
+            return fuse_heads(attentions[index])
+
+    source = Source()
+    alive = weakref.ref(source)
+    graph = AttentionGraph.streamed(source, 2, None, 1, 4, torch.device("cpu"))
+    del source
+    assert alive() is not None  # still needed while layers are computed on demand
+    torch.testing.assert_close(graph.weights, attention_graph(attentions).weights)
+    gc.collect()
+    assert alive() is None and not graph.is_streamed
+    torch.testing.assert_close(graph.layer(1), attention_graph(attentions).weights[1])
 
 
 def test_walking_a_large_streamed_graph_shows_a_progress_bar(capfd):

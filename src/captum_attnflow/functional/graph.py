@@ -227,13 +227,16 @@ class AttentionGraph:
 
     @property
     def weights(self) -> Tensor:
-        """(L, B, n, n) float32 :math:`A_l`; a streamed graph builds all its layers here, once."""
+        """(L, B, n, n) float32 :math:`A_l`; a streamed graph builds all its layers here, once,
+        and lets go of the functions that computed them."""
         if self._weights is None:
             batch, n = self.mask.shape
             weights = torch.empty(self._num_layers, batch, n, n, dtype=torch.float32, device=self.mask.device)
             for index in self.walk(range(self._num_layers), "attention layers"):
                 self.layer(index, out=weights[index])
             self._weights = weights
+            # Never asked again: what they hold (a lean capture's queries and keys) can go.
+            self._stream = self._stream_rows = self._stream_blocks = None
         return self._weights
 
     @property
