@@ -188,7 +188,9 @@ def test_attention_graph_rejects_bad_arguments():
     causal=st.booleans(),
     seed=st.integers(0, 2**16),
 )
-def test_propagate_block_by_block_equals_the_explicit_product(batch, n, count, block, alpha, fusion, padded, causal, seed):
+def test_propagate_block_by_block_equals_the_explicit_product(
+    batch, n, count, block, alpha, fusion, padded, causal, seed
+):
     """v A_l with the residual mixed in implicitly, from blocks of rows (causal blocks narrower)."""
     generator = torch.Generator().manual_seed(seed)
     attentions = softmax_attentions(1, batch, 3, n, n, seed=seed)

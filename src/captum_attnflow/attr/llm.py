@@ -266,7 +266,8 @@ class LLMAttentionAttribution(Attribution):
         # repeat their last one; those rows are dropped below.
         steps = torch.arange(int(lengths.max()), device=ids.device)
         position = starts[:, None] + torch.minimum(lengths[:, None] - 1, steps[None, :])
-        scores = replay.attribute(ids, position=position, layer=layer, attention_mask=mask, **kwargs)  # (B, max n_out, N)
+        # (B, max n_out, N)
+        scores = replay.attribute(ids, position=position, layer=layer, attention_mask=mask, **kwargs)
         return [
             scores[b, : o.numel(), off : off + s.numel()]
             for b, (o, s, off) in enumerate(zip(outputs, sequences, offsets))

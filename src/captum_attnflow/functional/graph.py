@@ -184,7 +184,8 @@ class AttentionGraph:
             >>> from captum_attnflow.functional import AttentionGraph, attention_graph
             >>> attentions = torch.softmax(torch.randn(2, 1, 4, 5, 5), -1)  # (L, B, H, n, n)
             >>> def fused_layer(index, out):
-            ...     return torch.mean(attentions[index], 1) if out is None else torch.mean(attentions[index], 1, out=out)
+            ...     fused = attentions[index].mean(1)
+            ...     return fused if out is None else out.copy_(fused)
             >>> graph = AttentionGraph.streamed(fused_layer, 2, None, 1, 5, torch.device("cpu"))
             >>> torch.allclose(graph.layer(1), attention_graph(attentions).weights[1])
             True

@@ -64,7 +64,8 @@ SUBSTITUTED_ATTENTION: set[str] = set()
 
 def uses_substituted_attention(module: nn.Module) -> bool:
     """Whether a Hugging Face model inside ``module`` runs an attention of :data:`SUBSTITUTED_ATTENTION`."""
-    return any(config._attn_implementation_internal in SUBSTITUTED_ATTENTION for config in configs(hf_models(module)).values())
+    found = configs(hf_models(module)).values()
+    return any(config._attn_implementation_internal in SUBSTITUTED_ATTENTION for config in found)
 
 
 @contextlib.contextmanager
