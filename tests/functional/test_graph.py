@@ -226,7 +226,8 @@ def test_a_streamed_graph_lets_go_of_its_source_once_all_layers_are_built():
     alive = weakref.ref(source)
     graph = AttentionGraph.streamed(source, 2, None, 1, 4, torch.device("cpu"))
     del source
-    assert alive() is not None  # still needed while layers are computed on demand
+    torch.testing.assert_close(graph.first_layers(1), attention_graph(attentions).weights[:1])
+    assert alive() is not None and graph.is_streamed  # still needed while layers are computed on demand
     torch.testing.assert_close(graph.weights, attention_graph(attentions).weights)
     gc.collect()
     assert alive() is None and not graph.is_streamed

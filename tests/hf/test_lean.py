@@ -60,7 +60,7 @@ def test_lean_layers_computed_in_many_row_blocks(monkeypatch, arch, side, block_
 
 @pytest.mark.parametrize("method", [RawAttention, AttentionRollout, AttentionFlow])
 @pytest.mark.parametrize(("arch", "side"), [("llama", "left"), ("bert", "right"), ("gpt2", "none")])
-@pytest.mark.parametrize("layer", [None, -1])
+@pytest.mark.parametrize("layer", [None, -1, 1])
 def test_methods_agree_on_both_paths(method, arch, side, layer):
     model = make_tiny_model(arch)  # llama: rotary positions, grouped-query attention
     ids, mask = ids_and_mask(arch, side)

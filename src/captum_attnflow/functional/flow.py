@@ -113,7 +113,7 @@ def flow(
     check_flow_fits(layers[-1] + 1, batch, n, num_sources, len(layers) * len(heads), threads)
     # The kernel stores capacities in float32 (float32 attentions are taken exactly; the result is
     # float32 anyway) and adds flows in float64.
-    caps = graph.weights[: layers[-1] + 1].detach().to("cpu", torch.float32).numpy()
+    caps = graph.first_layers(layers[-1] + 1).detach().to("cpu", torch.float32).numpy()
     head_caps = graph.heads.detach().to("cpu", torch.float32).numpy() if head is not None else None
     real = graph.mask.cpu().numpy()
     source_positions = source_positions.cpu().numpy()
@@ -152,7 +152,7 @@ def flow(
     if normalize:
         totals = result.sum(-1, keepdim=True)
         result = result / torch.where(totals > 0, totals, torch.ones_like(totals))
-    result = result.to(device=graph.weights.device, dtype=torch.float32)
+    result = result.to(device=graph.mask.device, dtype=torch.float32)
     if head is None:
         result = result[:, 0]
     return shape_result(result, layer, has_axis, head)

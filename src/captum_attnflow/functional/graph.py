@@ -226,6 +226,17 @@ class AttentionGraph:
             _mix_in_place(layer, mask, float(residual_alpha))
         return cls(fused, mask, float(residual_alpha), head_fusion)
 
+    def first_layers(self, count: int) -> Tensor:
+        """(count, B, n, n) float32 :math:`A_1..A_{count}`; a streamed graph computes only these
+        (and keeps none of them)."""
+        if self._weights is not None or count == self._num_layers:
+            return self.weights[:count]
+        batch, n = self.mask.shape
+        layers = torch.empty(count, batch, n, n, dtype=torch.float32, device=self.mask.device)
+        for index in self.walk(range(count), "attention layers"):
+            self.layer(index, out=layers[index])
+        return layers
+
     @property
     def weights(self) -> Tensor:
         """(L, B, n, n) float32 :math:`A_l`; a streamed graph builds all its layers here, once,
