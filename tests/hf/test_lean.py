@@ -8,9 +8,9 @@ import torch
 import transformers
 
 from captum_attnflow import AttentionFlow, AttentionRollout, RawAttention, load_agreement_model
-from captum_attnflow.functional import rollout_rows
+from captum_attnflow.functional import fuse_heads, rollout_rows
 from captum_attnflow.hf import capture_graph
-from captum_attnflow.hf.lean import LeanCapture, lean_capture
+from captum_attnflow.hf.lean import LeanCapture, _scratch_size, fused_blocks, lean_capture
 from helpers import make_tiny_model, model_state, padded_batch
 
 LEAN_ARCHS = ["bert", "roberta", "distilbert", "gpt2", "llama"]
@@ -53,6 +53,7 @@ def test_lean_layers_computed_in_many_row_blocks(monkeypatch, arch, side, block_
     ids, mask = ids_and_mask(arch, side)
     lean = capture_graph(model, ids, attention_mask=mask, lean=True)
     stored = capture_graph(model, ids, attention_mask=mask, lean=False)
+    assert lean.is_blockwise == (side != "left")  # a left-padded batch runs reordered: whole layers
     torch.testing.assert_close(rollout_rows(lean, layer=None), rollout_rows(stored, layer=None), atol=1e-6, rtol=0)
     assert lean.is_streamed  # the rollout multiplied block by block (or layer by layer), stored nothing
     torch.testing.assert_close(lean.weights, stored.weights, atol=1e-6, rtol=0)
@@ -153,3 +154,22 @@ def test_rollout_on_the_lean_path_shows_a_progress_bar_when_asked(capfd):
     assert "attention rollout" not in capfd.readouterr().err  # tiny inputs: no bar by default
     AttentionRollout(model).attribute(ids, attention_mask=mask, layer=None, show_progress=True)
     assert "attention rollout" in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("block_bytes", [1, 20, 10**9])
+@pytest.mark.parametrize("fusion", ["mean", "max"])
+def test_fused_blocks_take_masks_of_any_broadcast_shape(monkeypatch, block_bytes, fusion):
+    """Bool or additive masks, with a query axis of n or 1; scratch never larger than the maps."""
+    monkeypatch.setattr("captum_attnflow.hf.lean._BLOCK_BYTES", block_bytes * 4 * 2 * 4)  # B = 2, H = 4
+    generator = torch.Generator().manual_seed(0)
+    query, key = torch.randn(2, 4, 6, 8, generator=generator), torch.randn(2, 2, 6, 8, generator=generator)  # GQA
+    keys_allowed = torch.tensor([[True] * 6, [True] * 4 + [False] * 2])
+    scores = query @ key.repeat_interleave(2, 1).transpose(-1, -2) * 0.3
+    expected = fuse_heads(torch.softmax(scores.masked_fill(~keys_allowed[:, None, None], float("-inf")), -1), fusion)
+    for mask in (keys_allowed[:, None, None], keys_allowed[:, None, None].expand(2, 1, 6, 6),
+                 torch.zeros(2, 1, 1, 6).masked_fill(~keys_allowed[:, None, None], torch.finfo(torch.float32).min)):
+        out = torch.full((2, 6, 6), float("nan"))
+        for _ in fused_blocks(query, key, mask, 0.3, False, fusion, out=out):
+            pass
+        torch.testing.assert_close(out, expected)
+    assert _scratch_size(query, key) <= (2 * 4 + 1) * 2 * 6 * 6

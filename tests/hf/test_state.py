@@ -9,7 +9,8 @@ import torch
 
 from captum_attnflow import AttentionFlow, AttentionRollout, RawAttention
 from captum_attnflow.baselines import TokenSaliency
-from captum_attnflow.hf import exclusive
+from captum_attnflow.functional import rollout_rows
+from captum_attnflow.hf import capture_graph, exclusive
 from helpers import make_classifier, make_tiny_model, model_state, padded_batch
 
 
@@ -79,3 +80,26 @@ def test_exclusive_is_reentrant_and_per_model():
         thread.start()
         thread.join(timeout=5)
         assert entered.is_set()  # another model is not blocked
+
+
+def test_threads_sharing_one_lean_graph_get_the_single_threaded_result(monkeypatch):
+    """Each thread recomputes layers in buffers of its own; the graph's layers are built once."""
+    monkeypatch.setattr("captum_attnflow.hf.lean._BLOCK_BYTES", 2 * 4 * 3 * 4)  # B = 3, H = 4: blocks of 2 numbers a head
+    model = make_tiny_model("bert")
+    ids, mask = padded_batch(batch=3, n=7)
+    graph = capture_graph(model, ids, attention_mask=mask, lean=True)
+    stored = capture_graph(model, ids, attention_mask=mask, lean=False)
+    expected = {p: rollout_rows(stored, position=p, layer=None) for p in range(3)}
+    calls = iter(range(10**6))
+
+    def call():
+        p = next(calls) % 3
+        if p == 2:
+            torch.testing.assert_close(graph.layer(1), stored.weights[1], atol=1e-6, rtol=0)
+        return p, rollout_rows(graph, position=p, layer=None)
+
+    for p, result in run_in_threads(call, threads=4, calls=6):
+        torch.testing.assert_close(result, expected[p], atol=1e-6, rtol=0)
+    built = run_in_threads(lambda: graph.weights, threads=4, calls=1)
+    assert all(weights is built[0] for weights in built)
+    torch.testing.assert_close(built[0], stored.weights, atol=1e-6, rtol=0)

@@ -14,6 +14,7 @@ positions of layer :math:`l - 1`.
 
 from __future__ import annotations
 
+import threading
 from typing import Callable, Iterable
 
 import numpy as np
@@ -149,6 +150,7 @@ class AttentionGraph:
         self._stream: Callable[[int, Tensor | None], Tensor] | None = None
         self._stream_rows: Callable[[int, Tensor], Tensor] | None = None
         self._stream_blocks: Callable[[int], Iterable[tuple[int, int, Tensor]]] | None = None
+        self._building = threading.Lock()
         self._num_layers = weights.shape[0] if weights is not None else 0
         self._causal: bool | None = None
 
@@ -242,13 +244,16 @@ class AttentionGraph:
         """(L, B, n, n) float32 :math:`A_l`; a streamed graph builds all its layers here, once,
         and lets go of the functions that computed them."""
         if self._weights is None:
-            batch, n = self.mask.shape
-            weights = torch.empty(self._num_layers, batch, n, n, dtype=torch.float32, device=self.mask.device)
-            for index in self.walk(range(self._num_layers), "attention layers"):
-                self.layer(index, out=weights[index])
-            self._weights = weights
-            # Never asked again: what they hold (a lean capture's queries and keys) can go.
-            self._stream = self._stream_rows = self._stream_blocks = None
+            with self._building:  # threads sharing the graph build it once
+                if self._weights is None:
+                    batch, n = self.mask.shape
+                    weights = torch.empty(self._num_layers, batch, n, n, dtype=torch.float32, device=self.mask.device)
+                    for index in self.walk(range(self._num_layers), "attention layers"):
+                        self.layer(index, out=weights[index])
+                    self._weights = weights
+                    # Never asked again: what they hold (a lean capture's queries and keys) can
+                    # go. Readers take a function before looking at ``_weights``, set first.
+                    self._stream = self._stream_rows = self._stream_blocks = None
         return self._weights
 
     @property
@@ -259,9 +264,10 @@ class AttentionGraph:
     def layer(self, index: int, out: Tensor | None = None) -> Tensor:
         """:math:`A_l` of layer ``index`` (0-based), (B, n, n) float32; written into ``out``
         (B, n, n) float32 if given (a streamed graph then allocates no layer of its own)."""
-        if self._weights is not None:
-            return self._weights[index] if out is None else out.copy_(self._weights[index])
-        fused = self._stream(index, out).float()
+        stream = self._stream
+        if stream is None or self._weights is not None:
+            return self.weights[index] if out is None else out.copy_(self.weights[index])
+        fused = stream(index, out).float()
         if out is not None and fused.data_ptr() != out.data_ptr():
             fused = out.copy_(fused)
         return _mix_in_place(fused, self.mask, self.residual_alpha)
@@ -291,13 +297,14 @@ class AttentionGraph:
         mask), so the (B, n, n) layer is never written out. Otherwise the layer is built, into
         ``layer`` (B, n, n) if given.
         """
-        if not self.is_blockwise:
+        blocks = self._stream_blocks
+        if blocks is None or self._weights is not None:
             return torch.bmm(rows, self.layer(index, out=layer))
         alpha = self.residual_alpha
         mask = self.mask.to(rows.dtype)  # (B, n)
         product = torch.zeros_like(rows)
         scaled = torch.empty_like(rows)  # u
-        for start, stop, block in self._stream_blocks(index):  # block (B, R, w): W[start:stop, :w]
+        for start, stop, block in blocks(index):  # block (B, R, w): W[start:stop, :w]
             width = block.shape[-1]
             sums = torch.bmm(block, mask[:, :width, None]).squeeze(-1).mul_(alpha).add_(1.0 - alpha)  # (B, R)
             sums = torch.where(sums > 0, sums, torch.ones_like(sums))
@@ -308,8 +315,9 @@ class AttentionGraph:
     def rows(self, index: int, positions: Tensor) -> Tensor:
         """Rows ``positions`` (B, S) of :math:`A_l`, layer ``index`` (0-based): (B, S, n) float32.
         A streamed graph with ``fused_rows`` computes only those rows."""
-        if self._weights is None and self._stream_rows is not None:
-            fused = self._stream_rows(index, positions).float()
+        stream_rows = self._stream_rows
+        if stream_rows is not None and self._weights is None:
+            fused = stream_rows(index, positions).float()
             return _mix_in_place(fused, self.mask, self.residual_alpha, positions)
         batch = torch.arange(positions.shape[0], device=positions.device)[:, None]
         return self.layer(index)[batch, positions]

@@ -82,7 +82,9 @@ class LeanCapture:
         # function lives in each model's own module.
         self.output_function = ALL_ATTENTION_FUNCTIONS.get(saved, sdpa_attention_forward)
         self.layers: list[tuple[Tensor, Tensor, Tensor | None, float, bool]] = []
-        self._scratch: Tensor | None = None  # the row blocks' buffers, shared by all layers
+        # The row blocks' buffers, one per thread (a graph may be walked by several at once),
+        # shared by all layers that thread computes.
+        self._scratch = threading.local()
 
     def add(self, query: Tensor, key: Tensor, mask: Tensor | None, scaling: float, causal: bool) -> None:
         if len(self.layers) == self.num_layers:
@@ -125,11 +127,13 @@ class LeanCapture:
     def fused_blocks(self, index: int, out: Tensor | None = None) -> Iterator[tuple[int, int, Tensor]]:
         """:func:`fused_blocks` of layer ``index``, in buffers shared by all layers."""
         query, key, mask, scaling, causal = self.layers[index]
-        if self._scratch is None:
+        scratch = getattr(self._scratch, "buffer", None)
+        if scratch is None or scratch.numel() < _scratch_size(query, key) or scratch.device != query.device:
             # Kept for every layer: fresh buffers this size would be mapped, page-faulted and
             # zeroed by the system on every layer (about 30 ms of 300 at n = 4096).
-            self._scratch = torch.empty(_scratch_size(query, key), dtype=torch.float32, device=query.device)
-        return fused_blocks(query, key, mask, scaling, causal, self.head_fusion, self._scratch, out)
+            scratch = torch.empty(_scratch_size(query, key), dtype=torch.float32, device=query.device)
+            self._scratch.buffer = scratch
+        return fused_blocks(query, key, mask, scaling, causal, self.head_fusion, scratch, out)
 
 
 _CAPTURES: "weakref.WeakKeyDictionary[nn.Module, LeanCapture]" = weakref.WeakKeyDictionary()
@@ -207,7 +211,7 @@ def fused_blocks(
     # Buffers of about _BLOCK_BYTES, reused by every block: fresh (B, H, rows, n) tensors per
     # block cost a page fault per page, as much as the softmax itself at n = 4096.
     keys_seen_causally = causal and mask is None
-    per_head = _head_block_numbers(batch, heads, keys.shape[-1])  # numbers in one head's block
+    per_head = _head_block_numbers(batch, heads, n, keys.shape[-1])  # numbers in one head's block
     if scratch is None:
         scratch = torch.empty(_scratch_size(query, key), dtype=torch.float32, device=query.device)
     size = batch * heads * per_head
@@ -228,7 +232,8 @@ def fused_blocks(
         scores = scratch[:numbers].view(shape)
         # The scaling on the queries (rows x d), not on the (rows x n) scores.
         torch.matmul(query[:, :, start:stop].float() * scaling, keys[..., :width], out=scores)
-        allowed = None if mask is None else mask[..., start:stop, :]
+        # (the mask's query axis may be 1, broadcast over the rows)
+        allowed = None if mask is None else mask.expand(*mask.shape[:2], n, mask.shape[-1])[..., start:stop, :]
         if keys_seen_causally:  # every row sees the keys before ``start``: mask the block's own square only
             later = torch.ones(stop - start, stop - start, dtype=torch.bool, device=query.device).triu(1)
             scores[..., start:stop].masked_fill_(later, float("-inf"))
@@ -248,16 +253,17 @@ def _keys(key: Tensor, heads: int) -> Tensor:
     return key.float().transpose(-1, -2)
 
 
-def _head_block_numbers(batch: int, heads: int, n: int) -> int:
-    """Numbers in one head's block of scores: about _BLOCK_BYTES over all heads, at least one row."""
-    return max(n, _BLOCK_BYTES // (4 * batch * heads))
+def _head_block_numbers(batch: int, heads: int, queries: int, keys: int) -> int:
+    """Numbers in one head's block of scores: about _BLOCK_BYTES over all heads, at least one
+    row, at most the whole map."""
+    return min(max(keys, _BLOCK_BYTES // (4 * batch * heads)), queries * keys)
 
 
 def _scratch_size(query: Tensor, key: Tensor) -> int:
     """Numbers in the scratch buffer of :func:`fused_blocks`: scores and probabilities of a
     block (B, H, rows, keys), and its fused rows (B, rows, keys)."""
     batch, heads = query.shape[:2]
-    return (2 * heads + 1) * batch * _head_block_numbers(batch, heads, key.shape[2])
+    return (2 * heads + 1) * batch * _head_block_numbers(batch, heads, query.shape[2], key.shape[2])
 
 
 def _softmax_fused(
