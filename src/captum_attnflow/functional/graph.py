@@ -112,7 +112,9 @@ class AttentionGraph:
 
     A graph may also be *streamed* (:meth:`streamed`): each layer's head-fused probabilities come
     from a function when a layer is asked for, so that rollout can walk the layers top-down
-    holding one (B, n, n) layer at a time; ``weights`` builds all layers on first access.
+    holding at most one (B, n, n) layer (:meth:`propagate`, block by block when the function
+    gives blocks of rows) and raw attention computes only its rows (:meth:`rows`); ``weights``
+    builds all layers on first access. A graph may be used from several threads at once.
 
     Attributes:
         weights: (L, B, n, n) float32, :math:`A_l` per layer; rows of real tokens sum to 1,
