@@ -224,9 +224,8 @@ def _into_sink(cap, cap_t, flow, sink_flow, skip, touched, i, j, sink, limit):
     if edge <= EPS:
         return 0.0
     delta = min(edge, into_sink, limit)
-    if flow[1, i, j] == 0.0 and touched[0] < touched.shape[0] - 1:
-        touched[0] += 1
-        touched[touched[0]] = (cap.shape[1] + i) * cap.shape[2] + j
+    if flow[1, i, j] == 0.0:
+        _remember(touched, (cap.shape[1] + i) * cap.shape[2] + j)
     flow[1, i, j] += delta
     sink_flow[j] += delta
     if into_sink - delta <= EPS:
@@ -307,9 +306,8 @@ def _greedy_fill(cap, cap_t, flow, sink_flow, rows, source, sink, skip, ptr, pat
         depth -= 1
         parent = path_i[depth]
         if sent > 0.0:
-            if flow[k, parent, i] == 0.0 and touched[0] < touched.shape[0] - 1:
-                touched[0] += 1
-                touched[touched[0]] = (k * m + parent) * m + i
+            if flow[k, parent, i] == 0.0:
+                _remember(touched, (k * m + parent) * m + i)
             flow[k, parent, i] += sent
             got[depth] += sent
     return got[0]
@@ -351,6 +349,21 @@ def _cut_capacity(cap, cap_t, source, dist):
     return total
 
 
+@njit(cache=True, inline="always")
+def _remember(touched, index):
+    """Append the flat index ``(k * m + i) * m + j`` of a flow entry made nonzero to ``touched``
+    (``touched[0]`` counts them); a full list stops growing and counts as overflowed."""
+    if touched[0] < touched.shape[0] - 1:
+        touched[0] += 1
+        touched[touched[0]] = index
+
+
+@njit(cache=True, inline="always")
+def _entry(index, m):
+    """(k, i, j) of the flat index of a (layers, m, m) flow entry."""
+    return index // (m * m), (index // m) % m, index % m
+
+
 @njit(cache=True)
 def _clear(flow, flow_t, touched):
     """Zero the entries of ``flow`` listed in ``touched`` (all of it if the list overflowed)."""
@@ -360,10 +373,7 @@ def _clear(flow, flow_t, touched):
         flow_t[:] = 0.0
     else:
         for n in range(1, touched[0] + 1):
-            index = touched[n]
-            k = index // (m * m)
-            i = (index // m) % m
-            j = index % m
+            k, i, j = _entry(touched[n], m)
             flow[k, i, j] = 0.0
             flow_t[k, j, i] = 0.0
     touched[0] = 0
@@ -399,16 +409,11 @@ def _max_flow(
                 flow_t[k] = flow[k].T
         else:
             for n in range(1, touched[0] + 1):
-                index = touched[n]
-                k = index // (m * m)
-                i = (index // m) % m
-                j = index % m
+                k, i, j = _entry(touched[n], m)
                 flow_t[k, j, i] = flow[k, i, j]
         for i in range(m):
             if sink_flow[i] != 0.0:
-                if touched[0] < touched.shape[0] - 1:
-                    touched[0] += 1
-                    touched[touched[0]] = i * m + sink
+                _remember(touched, i * m + sink)
                 flow[0, i, sink] = sink_flow[i]
                 flow_t[0, sink, i] = sink_flow[i]
     path_k[0] = layers
