@@ -235,6 +235,10 @@ class AttentionGraph:
         (and keeps none of them)."""
         if self._weights is not None or count == self._num_layers:
             return self.weights[:count]
+        return self._computed(count)
+
+    def _computed(self, count: int) -> Tensor:
+        """(count, B, n, n) float32: the first ``count`` layers, computed one by one into a new tensor."""
         batch, n = self.mask.shape
         layers = torch.empty(count, batch, n, n, dtype=torch.float32, device=self.mask.device)
         for index in self.walk(range(count), "attention layers"):
@@ -248,11 +252,7 @@ class AttentionGraph:
         if self._weights is None:
             with self._building:  # threads sharing the graph build it once
                 if self._weights is None:
-                    batch, n = self.mask.shape
-                    weights = torch.empty(self._num_layers, batch, n, n, dtype=torch.float32, device=self.mask.device)
-                    for index in self.walk(range(self._num_layers), "attention layers"):
-                        self.layer(index, out=weights[index])
-                    self._weights = weights
+                    self._weights = self._computed(self._num_layers)
                     # Never asked again: what they hold (a lean capture's queries and keys) can
                     # go. Readers take a function before looking at ``_weights``, set first.
                     self._stream = self._stream_rows = self._stream_blocks = None
