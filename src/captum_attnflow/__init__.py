@@ -12,7 +12,11 @@ from typing import Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
+    "ALTI": "captum_attnflow.attr",
     "AttentionFlow": "captum_attnflow.attr",
+    "AttentionNorm": "captum_attnflow.attr",
+    "GradientWeightedRollout": "captum_attnflow.attr",
+    "ValueZeroing": "captum_attnflow.attr",
     "AttentionRollout": "captum_attnflow.attr",
     "LLMAttentionAttribution": "captum_attnflow.attr",
     "RawAttention": "captum_attnflow.attr",

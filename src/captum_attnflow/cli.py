@@ -26,7 +26,7 @@ import torch
 from captum_attnflow.adversarial.study import DEFAULT_LAMBDAS, MODELS, run_study
 from captum_attnflow.data.agreement import PLURAL, SINGULAR
 from captum_attnflow.hf import extract_attentions
-from captum_attnflow.methods import METHODS, attention_methods
+from captum_attnflow.methods import METHODS, paper_methods
 from captum_attnflow.models import AgreementConfig, load_agreement_model
 from captum_attnflow.reproduce import DATA, PROTOCOLS, RANKINGS, reproduce
 from captum_attnflow.visualize import plot_methods, plot_position_maps
@@ -41,6 +41,10 @@ VALUE_LABELS = {
     "raw": "attention weight (head mean)",
     "rollout": "rollout score",
     "flow": "max-flow value",
+    "gradient_rollout": "relevance (not normalised)",
+    "value_zeroing": "value-zeroing share",
+    "alti": "ALTI share",
+    "norm": "norm of weighted values",
     "saliency": "gradient norm",
     "blankout": "drop in probability",
 }
@@ -318,15 +322,21 @@ def _explain(args: argparse.Namespace) -> int:
     if isinstance(args.head, int) and args.head >= heads:
         raise ValueError(f"--head {args.head} is out of range: the model has heads 0..{heads - 1} (or all).")
     methods = tuple(METHODS) if args.method == "all" else (args.method,)
+    if args.head is not None:  # per-head results exist for the methods computed from attention weights
+        if args.method != "all" and METHODS[args.method].per_layer and not METHODS[args.method].from_attentions:
+            raise ValueError(f"--head is for the methods computed from attention weights ({', '.join(paper_methods())}), not {args.method}.")
+        methods = tuple(name for name in methods if METHODS[name].from_attentions or not METHODS[name].per_layer)
     layers = list(range(num_layers)) if args.layer is None else [args.layer - 1]
     scores, labels = {}, {}
     for name in methods:
         method = METHODS[name].build(model, tokenizer)
+        target = {"target": predicted} if METHODS[name].class_specific else {}
         if METHODS[name].per_layer and args.head == "all":
             scores[name] = method.attribute(ids, layer=args.layer, head="all")[:, 0]  # (H, n)
             labels[name] = [f"L{args.layer} h{head}" for head in range(heads)]
         elif METHODS[name].per_layer:
-            scores[name] = method.attribute(ids, layer=None, head=args.head)[layers, 0]
+            head = {} if args.head is None else {"head": args.head}
+            scores[name] = method.attribute(ids, layer=None, **target, **head)[layers, 0]
             suffix = "" if args.head is None else f" h{args.head}"
             labels[name] = [f"L{layer + 1}{suffix}" for layer in layers]
         else:
@@ -349,7 +359,7 @@ def _figures(args: argparse.Namespace) -> int:
     # One forward pass serves every method and position.
     attentions = extract_attentions(model, ids)
     maps = {}
-    for name in attention_methods():
+    for name in paper_methods():
         method = METHODS[name].build(lambda _: attentions, tokenizer)
         maps[name] = torch.stack([method.attribute(ids, position=i, layer=None)[:, 0] for i in range(len(tokens))], 1)
     quoted = f'"{args.sentence}": {prediction}'
@@ -424,7 +434,7 @@ def _add_generate(commands: Any) -> None:
     generate.add_argument("prompt", help='the prompt, e.g. "the keys to the cabinet"')
     generate.add_argument("--target", help="explain this continuation instead of generating one")
     generate.add_argument(
-        "--method", choices=attention_methods(), default="rollout", help="attribution method (default: rollout)"
+        "--method", choices=paper_methods(), default="rollout", help="attribution method (default: rollout)"
     )
     generate.add_argument(
         "--layer", type=_positive, default=None, metavar="N", help="explain after layer N (default: the last)"

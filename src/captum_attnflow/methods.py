@@ -10,7 +10,9 @@ Example::
 
     >>> from captum_attnflow import load_agreement_model
     >>> from captum_attnflow.methods import METHODS, attention_methods
-    >>> attention_methods(), [method.title for method in METHODS.values() if not method.per_layer]
+    >>> attention_methods()
+    ('raw', 'rollout', 'flow', 'gradient_rollout', 'value_zeroing', 'alti', 'norm')
+    >>> paper_methods(), [method.title for method in METHODS.values() if not method.per_layer]
     (('raw', 'rollout', 'flow'), ['input gradients', 'blank-out'])
     >>> model, tokenizer = load_agreement_model()
     >>> ids = tokenizer(["the keys to the cabinet"], return_tensors="pt")["input_ids"]
@@ -23,7 +25,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from captum_attnflow.attr import AttentionFlow, AttentionRollout, RawAttention
+from captum_attnflow.attr import (
+    ALTI,
+    AttentionFlow,
+    AttentionNorm,
+    AttentionRollout,
+    GradientWeightedRollout,
+    RawAttention,
+    ValueZeroing,
+)
 from captum_attnflow.baselines import BlankOut, TokenSaliency
 
 
@@ -37,14 +47,20 @@ class Method:
         per_layer: True for the attention methods, which score the input tokens for the
             representation of a position after each layer ((L, B, n) with ``layer=None``);
             False for the methods explaining the model's output ((B, n), one map).
-        build: ``build(model, tokenizer)`` returns the Captum attribution object; the attention
-            methods also accept a callable returning attentions as ``model``.
+        build: ``build(model, tokenizer)`` returns the Captum attribution object; the methods
+            with ``from_attentions`` also accept a callable returning attentions as ``model``.
+        from_attentions: True for the methods computed from the attention weights alone (the
+            paper's three, which also give per-head results, ``head=``); False for those reading
+            gradients or the model's internals, which need the model itself.
+        class_specific: True when ``target`` chooses what is explained (gradients, blank-out).
     """
 
     name: str
     title: str
     per_layer: bool
     build: Callable[[Any, Any], Any]
+    from_attentions: bool = False
+    class_specific: bool = False
 
 
 def _blank_out(model: Any, tokenizer: Any) -> BlankOut:
@@ -55,19 +71,27 @@ def _blank_out(model: Any, tokenizer: Any) -> BlankOut:
 METHODS: dict[str, Method] = {
     method.name: method
     for method in (
-        Method("raw", "raw", True, lambda model, tokenizer: RawAttention(model)),
-        Method("rollout", "rollout", True, lambda model, tokenizer: AttentionRollout(model)),
-        Method("flow", "flow", True, lambda model, tokenizer: AttentionFlow(model)),
-        Method("saliency", "input gradients", False, lambda model, tokenizer: TokenSaliency(model)),
-        Method("blankout", "blank-out", False, _blank_out),
+        Method("raw", "raw", True, lambda model, tokenizer: RawAttention(model), from_attentions=True),
+        Method("rollout", "rollout", True, lambda model, tokenizer: AttentionRollout(model), from_attentions=True),
+        Method("flow", "flow", True, lambda model, tokenizer: AttentionFlow(model), from_attentions=True),
+        Method(
+            "gradient_rollout", "gradient-weighted rollout", True,
+            lambda model, tokenizer: GradientWeightedRollout(model), class_specific=True,
+        ),
+        Method("value_zeroing", "value zeroing", True, lambda model, tokenizer: ValueZeroing(model)),
+        Method("alti", "ALTI", True, lambda model, tokenizer: ALTI(model)),
+        Method("norm", "attention norm", True, lambda model, tokenizer: AttentionNorm(model)),
+        Method("saliency", "input gradients", False, lambda model, tokenizer: TokenSaliency(model), class_specific=True),
+        Method("blankout", "blank-out", False, _blank_out, class_specific=True),
     )
 }
 
 
 def attention_methods() -> tuple[str, ...]:
-    """The names of the per-layer (attention) methods, in registry order.
-
-    Returns:
-        tuple[str, ...]: ``("raw", "rollout", "flow")``; example in the module docstring.
-    """
+    """The names of the per-layer (attention) methods, in registry order; example in the module docstring."""
     return tuple(name for name, method in METHODS.items() if method.per_layer)
+
+
+def paper_methods() -> tuple[str, ...]:
+    """The paper's three methods, computed from attention weights alone: ``("raw", "rollout", "flow")``."""
+    return tuple(name for name, method in METHODS.items() if method.from_attentions)

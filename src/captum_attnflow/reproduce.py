@@ -50,7 +50,7 @@ from captum_attnflow.data import encode_examples, generate_examples
 from captum_attnflow.data.agreement import PLURAL, SHORT_SENTENCES, SINGULAR
 from captum_attnflow.evaluate import ComparisonResult, Evaluator
 from captum_attnflow.hf import extract_attentions
-from captum_attnflow.methods import METHODS, attention_methods
+from captum_attnflow.methods import METHODS, paper_methods
 from captum_attnflow.models import load_agreement_model
 
 PROTOCOLS = ("ours", "paper")
@@ -276,7 +276,7 @@ class Reproduction:
     def _ground_truth_markdown(self) -> str:
         fractions = self.ground_truth()
         count = len(self.num_attractors)
-        layers = len(fractions[attention_methods()[0]])
+        layers = len(fractions[paper_methods()[0]])
         lines = [
             f"Ground truth: fraction of the {count} examples with attractors where the method scores "
             "the subject above every attractor",
@@ -284,7 +284,7 @@ class Reproduction:
             "| method | " + " | ".join(f"L{layer}" for layer in range(1, layers + 1)) + " |",
             "|---|" + "---|" * layers,
         ]
-        for method in attention_methods():
+        for method in paper_methods():
             lines.append(f"| {method} | " + " | ".join(f"{value:.3f}" for value in fractions[method]) + " |")
         lines += ["", "| reference | model output |", "|---|---|"]
         for name in (*OURS_REFERENCES, "chance"):
@@ -315,7 +315,7 @@ class Reproduction:
         path = directory / "ground_truth.csv"
         ties = self.ground_truth_ties()
         rows = [
-            dict(method=name, layer=index + 1 if name in attention_methods() else "", fraction=value,
+            dict(method=name, layer=index + 1 if name in paper_methods() else "", fraction=value,
                  tied_fraction=ties[name][index] if name in ties else "", examples=len(self.num_attractors))
             for name, values in self.ground_truth().items()
             for index, value in enumerate(values)
@@ -350,13 +350,13 @@ class Reproduction:
         ax = axes[len(references)]
         fractions = self.ground_truth()
         ties = self.ground_truth_ties()
-        for index, method in enumerate(attention_methods()):
+        for index, method in enumerate(paper_methods()):
             layers = np.arange(1, len(fractions[method]) + 1)
             ax.plot(layers, fractions[method], marker="o", color=f"C{index}", label=method)
             if ties[method].any():
                 ax.plot(layers, fractions[method] + ties[method], linestyle=":", color=f"C{index}",
                         label=f"{method}, above or tied")
-        for index, name in enumerate((*OURS_REFERENCES, "chance"), start=len(attention_methods())):
+        for index, name in enumerate((*OURS_REFERENCES, "chance"), start=len(paper_methods())):
             ax.axhline(fractions[name][0], linestyle="--", color=f"C{index}", label=name)
         ax.set_xticks(layers, [f"L{layer}" for layer in layers])
         # Fractions reach exactly 1 (flow above or tied): a margin keeps those lines visible.
@@ -485,7 +485,7 @@ def reproduce(
     model.eval()
     try:
         scorer = _Scorer(model, tokenizer, protocol)
-        methods = {name: scorer.method(name) for name in attention_methods()}
+        methods = {name: scorer.method(name) for name in paper_methods()}
         ours = Evaluator(model, methods, {name: scorer.method(name) for name in OURS_REFERENCES},
                          exclude_special_tokens=True, show_progress=progress).run(batches)
         scores = dict(ours.scores)
@@ -652,7 +652,7 @@ class _Scorer:
         attentions = extract_attentions(self.model, ids, attention_mask=mask)
         scores = {
             name: METHODS[name].build(lambda _: attentions, self.tokenizer).attribute(ids, layer=None, attention_mask=mask)
-            for name in attention_methods()
+            for name in paper_methods()
         }
         scores[BLANK_OUT] = self.references[BLANK_OUT].attribute(
             ids, target=labels, attention_mask=mask, perturbations_per_eval=max(1, BLANK_OUT_SEQUENCES // len(ids))
@@ -666,8 +666,8 @@ class _Scorer:
         attractors = batch["attractor_positions"]
         with_attractors = (attractors >= 0).any(1)
         subject_first, subject_tied = {}, {}
-        for name in (*attention_methods(), *OURS_REFERENCES):
-            values = scores[name] if name in attention_methods() else scores[name][None]
+        for name in (*paper_methods(), *OURS_REFERENCES):
+            values = scores[name] if name in paper_methods() else scores[name][None]
             above, tied = _subject_versus_attractors(values, batch["subject_positions"], attractors)
             subject_first[name] = above[:, with_attractors].numpy()
             subject_tied[name] = tied[:, with_attractors].numpy()
@@ -686,7 +686,7 @@ def _dense_correlations(records: Sequence[dict[str, Any]]) -> dict[tuple, np.nda
     every real token ranked; (N,) per key, in the order of ``records`` (the batches')."""
     parts: dict[tuple, list[np.ndarray]] = {}
     for record in records:
-        for method in attention_methods():
+        for method in paper_methods():
             for reference in PAPER_REFERENCES:
                 for layer, values in enumerate(record["scores"][method], start=1):
                     rho = dense_rank_spearman(values, record["scores"][reference], record["mask"]).numpy()

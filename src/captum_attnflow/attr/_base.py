@@ -10,7 +10,7 @@ from torch import Tensor
 from captum_attnflow.docstrings import fill_docstring
 from captum_attnflow.functional import AttentionGraph
 from captum_attnflow.functional.checks import POSITION_DOC, as_mask
-from captum_attnflow.hf import capture_graph, check_token_ids, unpack_inputs, warn_unmasked_padding
+from captum_attnflow.hf import as_tuple, capture_graph, check_token_ids, lift_mask, unpack_inputs, warn_unmasked_padding
 
 _CONSTRUCTOR_DOC = """Args:
         forward_func: a Hugging Face model, an ``nn.Module`` wrapping one, or a callable
@@ -45,6 +45,37 @@ class AttentionAttribution(Attribution):
         """False: these methods compute no convergence delta (Captum's interface)."""
         return False
 
+    def _checked_inputs(
+        self, inputs: Any, additional_forward_args: Any, attention_mask: Tensor | None
+    ) -> tuple[Tensor, tuple, Tensor | None, bool]:
+        """``(inputs, additional_forward_args as a tuple, attention_mask, whether inputs are images)``, checked.
+
+        ``inputs`` are token ids (B, n), the tokenizer's output (``input_ids`` and
+        ``attention_mask`` taken from it), or pixel values (B, C, H, W) of a vision transformer,
+        whose n tokens ([CLS] and the patches) come from the model. A Hugging Face model's mask
+        passed the Captum way, last in ``additional_forward_args``, becomes ``attention_mask``.
+        """
+        inputs, attention_mask = unpack_inputs(inputs, attention_mask)
+        args, attention_mask = lift_mask(self.forward_func, as_tuple(additional_forward_args), attention_mask)
+        images = isinstance(inputs, Tensor) and inputs.dtype.is_floating_point and inputs.dim() == 4
+        if images:
+            if attention_mask is not None:
+                raise ValueError(
+                    "attention_mask was given with image inputs (B, C, H, W): images have no padding, drop it."
+                )
+            return inputs, args, attention_mask, images
+        if isinstance(inputs, Tensor) and inputs.dtype.is_floating_point and inputs.dim() == 3:
+            raise TypeError(
+                f"inputs must be integer token ids (B, n), got float {tuple(inputs.shape)} tensor; these "
+                "methods explain tokens, so pass input_ids rather than embeddings "
+                "(images: pixel values (B, C, H, W))."
+            )
+        check_token_ids(inputs, self.forward_func)
+        # Checked before the forward pass: a mask of 2s or 0.5s would change what the model computes.
+        as_mask(attention_mask, inputs.shape[0], inputs.shape[1], inputs.device)
+        warn_unmasked_padding(self.forward_func, inputs, attention_mask, args)
+        return inputs, args, attention_mask, images
+
     def _graph(
         self,
         inputs: Any,
@@ -54,30 +85,10 @@ class AttentionAttribution(Attribution):
         head_fusion: str,
         keep_heads: bool = False,
     ) -> tuple[AttentionGraph, Tensor]:
-        """Check the inputs, run the model once and return ``(the checked graph, the input ids or pixels)``.
-
-        ``inputs`` are token ids (B, n), the tokenizer's output (``input_ids`` and
-        ``attention_mask`` taken from it), or pixel values (B, C, H, W) of a vision transformer,
-        whose n tokens ([CLS] and the patches) come from the model.
-        """
-        inputs, attention_mask = unpack_inputs(inputs, attention_mask)
-        images = isinstance(inputs, Tensor) and inputs.dtype.is_floating_point and inputs.dim() == 4
-        if images:
-            if attention_mask is not None:
-                raise ValueError(
-                    "attention_mask was given with image inputs (B, C, H, W): images have no padding, drop it."
-                )
-        else:
-            if isinstance(inputs, Tensor) and inputs.dtype.is_floating_point and inputs.dim() == 3:
-                raise TypeError(
-                    f"inputs must be integer token ids (B, n), got float {tuple(inputs.shape)} tensor; these "
-                    "methods explain tokens, so pass input_ids rather than embeddings "
-                    "(images: pixel values (B, C, H, W))."
-                )
-            check_token_ids(inputs, self.forward_func)
-            # Checked before the forward pass: a mask of 2s or 0.5s would change what the model computes.
-            as_mask(attention_mask, inputs.shape[0], inputs.shape[1], inputs.device)
-            warn_unmasked_padding(self.forward_func, inputs, attention_mask)
+        """Check the inputs, run the model once and return ``(the checked graph, the input ids or pixels)``."""
+        inputs, additional_forward_args, attention_mask, images = self._checked_inputs(
+            inputs, additional_forward_args, attention_mask
+        )
         graph = capture_graph(
             self.forward_func, inputs, additional_forward_args, attention_mask, residual_alpha, head_fusion,
             keep_heads, self.lean,
@@ -93,36 +104,48 @@ class AttentionAttribution(Attribution):
         return graph, inputs
 
 
-_ATTRIBUTE_ARGS_DOC = """
+_INPUTS_DOC = """
         Args:
             inputs (Tensor or BatchEncoding): token ids, shape (B, n), or the tokenizer's
                 output (a ``BatchEncoding`` or dict: its ``input_ids`` and ``attention_mask``
                 are used); or, for a vision transformer (ViT, DeiT, ...), pixel values
                 (B, C, H, W): then the n explained tokens are the model's ([CLS] and the
-                patches, in the model's order).
-            target: accepted for compatibility with Captum and ignored: attention-based
-                attributions are class-agnostic, they explain a position's representation,
-                not a class score.
+                patches, in the model's order)."""
+
+_CLASS_AGNOSTIC_DOC = """
+            target: accepted for compatibility with Captum and ignored: these attributions
+                are class-agnostic, they explain a position's representation, not a class score."""
+
+_POSITION_LAYER_DOC = """
             additional_forward_args (Any, optional): extra positional arguments passed to
-                ``forward_func`` after ``inputs``.
+                ``forward_func`` after ``inputs`` (a Hugging Face model's attention mask given
+                last here, Captum's way, is used as ``attention_mask``).
             position (int, list or Tensor, optional): """ + POSITION_DOC.replace("\n            ", "\n                ") + """
                 None (default): each example's last real token for a causal model (a
                 decoder, detected from its attention), else 0 (the CLS token).
             layer (int or None, optional): explain the representation at the output of this
                 layer, 1..L, or negative from the top (-1 = last layer). None returns every
-                layer. Default: -1.
+                layer. Default: -1."""
+
+_FUSION_DOC = """
             head_fusion (str, optional): how heads are combined per layer: ``"mean"``
                 (the paper's), ``"max"`` or ``"min"``.
             residual_alpha (float, optional): weight of attention against the residual
-                connection, :math:`A = \\alpha W + (1 - \\alpha) I`, rows renormalised.
+                connection, :math:`A = \\alpha W + (1 - \\alpha) I`, rows renormalised."""
+
+_MASK_DOC = """
             attention_mask (Tensor, optional): (B, n), 1 on real tokens, 0 on padding, as
                 the tokenizer returns it (other values are refused). Padding gets attribution
                 0 and never influences real tokens, on either side. It is passed to a Hugging
-                Face model as ``attention_mask``.
+                Face model as ``attention_mask``."""
+
+_HEAD_DOC = """
             head (int or str, optional): None (default) for the heads fused; an int k for
                 head k of the explained layer on top of the fused layers below (the paper's
                 Appendix A.1); ``"all"`` for every head, an extra head axis after the layer axis.
 """
+
+_ATTRIBUTE_ARGS_DOC = _INPUTS_DOC + _CLASS_AGNOSTIC_DOC + _POSITION_LAYER_DOC + _FUSION_DOC + _MASK_DOC + _HEAD_DOC
 
 _ATTRIBUTE_RETURNS_DOC = """(B, n) for one layer and one position per
             example, on the inputs' device; a leading layer axis (L, B, n) for ``layer=None``,
@@ -131,3 +154,10 @@ _ATTRIBUTE_RETURNS_DOC = """(B, n) for one layer and one position per
 
 # Fills ``{args}`` and ``{shapes}`` in an ``attribute`` docstring with what all attention methods share.
 with_attribute_args = fill_docstring(args=_ATTRIBUTE_ARGS_DOC, shapes=_ATTRIBUTE_RETURNS_DOC)
+
+
+def with_internals_args(target_doc: str = _CLASS_AGNOSTIC_DOC):
+    """Fills ``{args}`` and ``{shapes}`` in the ``attribute`` docstring of a method reading the
+    model's internals (no head fusion, residual or per-head results), ``target_doc`` describing
+    its ``target``."""
+    return fill_docstring(args=_INPUTS_DOC + target_doc + _POSITION_LAYER_DOC + _MASK_DOC + "\n", shapes=_ATTRIBUTE_RETURNS_DOC)

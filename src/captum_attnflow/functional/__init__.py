@@ -1,9 +1,11 @@
-"""Pure tensor functions: the maths of raw attention, attention rollout and attention flow.
+"""Pure tensor functions: the maths of raw attention, attention rollout, attention flow, gradient-weighted
+rollout and the decompositions of the attention block (:mod:`~captum_attnflow.functional.decomposition`).
 
 No models, no Captum, no plotting: importing this package loads torch, numpy and numba only.
 """
 
 from captum_attnflow.functional.flow import flow
+from captum_attnflow.functional.gradient_rollout import gradient_weighted_rollout
 from captum_attnflow.functional.graph import AttentionGraph, add_residual, attention_graph, fuse_heads
 from captum_attnflow.functional.raw_attention import raw_attention
 from captum_attnflow.functional.rollout import rollout, rollout_rows
@@ -14,6 +16,7 @@ __all__ = [
     "attention_graph",
     "flow",
     "fuse_heads",
+    "gradient_weighted_rollout",
     "raw_attention",
     "rollout",
     "rollout_rows",

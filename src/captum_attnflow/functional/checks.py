@@ -302,3 +302,15 @@ def check_residual_alpha(residual_alpha: float) -> None:
             f"residual_alpha must lie in [0, 1] (weight of attention against the residual identity), "
             f"got {residual_alpha}; the paper uses 0.5."
         )
+
+
+def matrix_rows(maps: Tensor, position: Any, layer: int | None, mask: Tensor) -> Tensor:
+    """Rows of per-layer token-to-token matrices ``maps`` (L, B, n, n) for ``position`` after
+    ``layer`` (see ``POSITION_DOC``; None: the last real token when every matrix is causal,
+    else 0), shaped as every method returns them: (B, n), (L, B, n), (..., S, n); padding 0."""
+    if position is None:
+        position = default_position(mask, not bool(maps.triu(1).any()))
+    sources, has_axis = positions(position, mask)
+    picked = torch.arange(maps.shape[1], device=maps.device)[:, None]
+    scores = torch.stack([maps[index][picked, sources] for index in layer_indices(layer, maps.shape[0])])
+    return shape_result(scores * mask[:, None, :], layer, has_axis)

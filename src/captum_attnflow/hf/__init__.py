@@ -12,12 +12,13 @@ from captum_attnflow.hf.inputs import (
     as_tuple,
     check_mask_not_in_args,
     check_token_ids,
+    lift_mask,
     unpack_inputs,
     warn_unmasked_padding,
 )
 from captum_attnflow.hf.models import check_device, hf_models, main_model, outermost, owning_module
 from captum_attnflow.hf.seq2seq import Seq2SeqAttentions, seq2seq_attentions
-from captum_attnflow.hf.scores import ScoreForward, class_scores, input_embeddings, token_id
+from captum_attnflow.hf.scores import ScoreForward, class_scores, input_embeddings, output_scores, target_scores, token_id
 from captum_attnflow.hf.state import eager_attention, exclusive, hooks_restored, implementation, model_call, unchanged
 
 __all__ = [
@@ -38,11 +39,14 @@ __all__ = [
     "implementation",
     "inject_attention",
     "input_embeddings",
+    "lift_mask",
     "main_model",
     "model_call",
     "outermost",
+    "output_scores",
     "owning_module",
     "seq2seq_attentions",
+    "target_scores",
     "token_id",
     "unchanged",
     "unpack_inputs",

@@ -162,7 +162,7 @@ def _lean_graph(
     check_mask_not_in_args(model, args, attention_mask)
     if attention_mask is not None:
         attention_mask = torch.as_tensor(attention_mask).to(inputs.device)
-    run_inputs, args, kwargs, order = _real_tokens_first(inputs, args, attention_mask)
+    run_inputs, args, kwargs, order = real_tokens_first_call(inputs, args, attention_mask)
     with torch.no_grad(), unchanged(model), lean_capture(model, head_fusion) as capture:
         model(run_inputs, *args, **kwargs)
     if not capture.complete:
@@ -172,7 +172,7 @@ def _lean_graph(
     def fused_layer(index: int, out: Tensor | None) -> Tensor:
         if back is None:
             return capture.fused_layer(index, out=out)
-        fused = _maps_in_order(capture.fused_layer(index)[:, None], back)[:, 0]
+        fused = maps_in_order(capture.fused_layer(index)[:, None], back)[:, 0]
         return fused if out is None else out.copy_(fused)
 
     def fused_rows(index: int, positions: Tensor) -> Tensor:
@@ -196,16 +196,16 @@ def _model_attentions(
     """Attentions of a Hugging Face model (its encoder for a seq2seq model), real tokens first."""
     check_mask_not_in_args(model, args, attention_mask)
     runner = encoder_of(model, args)
-    inputs, args, kwargs, order = _real_tokens_first(inputs, args, attention_mask)
+    inputs, args, kwargs, order = real_tokens_first_call(inputs, args, attention_mask)
     with eager_attention(model), unchanged(model):
         attentions = attentions_of(runner(inputs, *args, output_attentions=True, **kwargs))
     if order is None:
         return attentions
     back = order.argsort(dim=-1)  # original position -> place in the run
-    return tuple(_maps_in_order(layer, back) for layer in attentions)
+    return tuple(maps_in_order(layer, back) for layer in attentions)
 
 
-def _real_tokens_first(
+def real_tokens_first_call(
     inputs: Tensor, args: tuple, attention_mask: Tensor | None
 ) -> tuple[Tensor, tuple, dict[str, Any], Tensor | None]:
     """The call that runs a left-padded batch as a right-padded one: ``(inputs, args, kwargs,
@@ -220,13 +220,18 @@ def _real_tokens_first(
     return reorder_tokens(inputs, order), moved, {"attention_mask": reorder_tokens(attention_mask, order)}, order
 
 
+def in_run_order(positions: Tensor, order: Tensor) -> Tensor:
+    """(B, S) positions of the inputs as positions in a run reordered by ``order`` (B, n)."""
+    return order.argsort(dim=-1).gather(1, positions)
+
+
 def _moved_with_tokens(arg: Any, order: Tensor) -> Any:
     if isinstance(arg, Tensor) and arg.dim() >= 2 and tuple(arg.shape[:2]) == tuple(order.shape):
         return reorder_tokens(arg, order)
     return arg
 
 
-def _maps_in_order(layer: Tensor, back: Tensor) -> Tensor:
+def maps_in_order(layer: Tensor, back: Tensor) -> Tensor:
     """(B, H, n, n) maps computed on reordered tokens, rows and columns put back: entry
     ``[b, h, i, j]`` of the result is ``layer[b, h, back[b, i], back[b, j]]``."""
     batch, heads, n, _ = layer.shape

@@ -84,11 +84,14 @@ def vocabulary_size(forward_func: Any) -> int | None:
     return embeddings.num_embeddings if isinstance(embeddings, nn.Embedding) else None
 
 
-def warn_unmasked_padding(forward_func: Any, inputs: Tensor, attention_mask: Tensor | None) -> None:
-    """Warn when ``inputs`` start or end with the model's pad token and no mask says so: the
-    padding would then be attended to like any token and shift every score."""
+def warn_unmasked_padding(
+    forward_func: Any, inputs: Tensor, attention_mask: Tensor | None, additional_forward_args: tuple = ()
+) -> None:
+    """Warn when ``inputs`` start or end with the model's pad token and no mask says so, neither
+    ``attention_mask`` nor a mask in ``additional_forward_args`` (Captum's way): the padding would
+    then be attended to like any token and shift every score."""
     model = main_model(forward_func)
-    if attention_mask is not None or model is None:
+    if attention_mask is not None or model is None or mask_in_args(forward_func, additional_forward_args) is not None:
         return
     pad = getattr(model.config, "pad_token_id", None)
     if not isinstance(pad, int):
@@ -117,6 +120,25 @@ def check_mask_not_in_args(forward_func: Any, additional_forward_args: tuple, at
             f"additional_forward_args fills {type(forward_func).__name__}'s attention_mask argument and "
             "attention_mask= gives it again; pass the mask only as attention_mask=."
         )
+
+
+def mask_in_args(forward_func: Any, additional_forward_args: tuple) -> Tensor | None:
+    """The attention mask a Hugging Face model receives positionally from ``additional_forward_args``
+    (``forward(input_ids, attention_mask, ...)``, Captum's way of passing it), or None."""
+    if not additional_forward_args or not isinstance(forward_func, PreTrainedModel):
+        return None
+    parameters = list(inspect.signature(forward_func.forward).parameters)[1 : 1 + len(additional_forward_args)]
+    return additional_forward_args[parameters.index("attention_mask")] if "attention_mask" in parameters else None
+
+
+def lift_mask(forward_func: Any, additional_forward_args: tuple, attention_mask: Tensor | None) -> tuple[tuple, Tensor | None]:
+    """``(args, attention_mask)`` with a Hugging Face model's mask given last in
+    ``additional_forward_args`` taken out and returned as the mask: the model gets the same call,
+    and the padding is known to be padding (attribution 0, left padding run as right padding)."""
+    mask = mask_in_args(forward_func, additional_forward_args)
+    if attention_mask is None and mask is not None and additional_forward_args[-1] is mask:
+        return additional_forward_args[:-1], mask
+    return additional_forward_args, attention_mask
 
 
 def as_tuple(args: Any) -> tuple:

@@ -9,7 +9,7 @@ from torch import Tensor, nn
 from transformers import PreTrainedModel
 
 from captum_attnflow.functional.checks import as_mask
-from captum_attnflow.hf.inputs import as_tuple, check_mask_not_in_args, check_token_ids, unpack_inputs
+from captum_attnflow.hf.inputs import as_tuple, check_mask_not_in_args, check_token_ids, lift_mask, unpack_inputs
 from captum_attnflow.hf.models import check_device, main_model, owning_module
 
 
@@ -63,7 +63,7 @@ class ScoreForward:
         inputs, attention_mask = unpack_inputs(inputs, attention_mask)
         check_token_ids(inputs, self.forward_func)
         check_device(self.forward_func, inputs)
-        args = as_tuple(additional_forward_args)
+        args, attention_mask = lift_mask(self.forward_func, as_tuple(additional_forward_args), attention_mask)
         check_mask_not_in_args(self.forward_func, args, attention_mask)
         mask = as_mask(attention_mask, inputs.shape[0], inputs.shape[1], inputs.device)
         return inputs, mask, (mask.long(), *args)
@@ -139,3 +139,69 @@ def token_id(forward_func: Any, token: int | str, tokenizer: Any = None, argumen
         f"cannot find the {token} token id: {where} has no {name}; pass the id itself, "
         f"e.g. {argument}=tokenizer.convert_tokens_to_ids('[{token.upper()}]')."
     )
+
+
+def output_scores(output: Any) -> Any:
+    """The scores in a model's output: ``.logits``, the first item of a tuple, or the output itself."""
+    scores = getattr(output, "logits", None)
+    if scores is None:
+        scores = output[0] if isinstance(output, (tuple, list)) and output else output
+    return scores
+
+
+def target_scores(output: Any, target: Any, positions: Tensor) -> Tensor:
+    """(B, S) the scalars a gradient-based method explains, from a model's ``output`` (in autograd).
+
+    * (B, C) class scores (a classifier's ``logits``): the score of class ``target`` (an int,
+      or one per example as a list or (B,) tensor; None: each example's predicted class), the
+      same for each of the S explained positions;
+    * (B, n, V) token logits (a language model): the logit of token ``target`` at each
+      explained position, the next-token prediction it makes (an int, (B,) or (B, S) token ids;
+      None: the token predicted there);
+    * (B,) scores (any scalar of a forward function): those, ``target`` must be None.
+
+    Args:
+        output: the model's output (``.logits``, a tensor, or a tuple whose first item is one).
+        target: as above.
+        positions: (B, S) the explained positions (rows of the token logits).
+
+    Raises:
+        TypeError: a non-integer target.
+        ValueError: a target out of range, of the wrong shape, or given for (B,) scores.
+    """
+    scores = output_scores(output)
+    if not isinstance(scores, Tensor) or scores.dim() not in (1, 2, 3):
+        raise ValueError(
+            "the model must return (B,) scores, (B, C) class scores or (B, n, V) token logits to explain, got "
+            f"{tuple(scores.shape) if isinstance(scores, Tensor) else type(output).__name__}; wrap it in a module "
+            "returning the score to explain."
+        )
+    batch, count = positions.shape
+    if scores.dim() == 1:
+        if target is not None:
+            raise ValueError("the model returns one score per example (B,): there is nothing to select, pass target=None.")
+        return scores[:, None].expand(batch, count)
+    kind = "tokens" if scores.dim() == 3 else "classes"
+    if scores.dim() == 3:
+        scores = scores[torch.arange(batch, device=scores.device)[:, None], positions.to(scores.device)]  # (B, S, V)
+    else:
+        scores = scores[:, None].expand(batch, count, scores.shape[-1])
+    if target is None:
+        indices = scores.detach().argmax(-1)
+    else:
+        if isinstance(target, (str, bool)):
+            raise TypeError(f"target must be integer indices (int, list or tensor), got {target!r}.")
+        indices = torch.as_tensor(target, device=scores.device)
+        if indices.dtype.is_floating_point or indices.dtype == torch.bool or indices.dim() > 2:
+            raise TypeError(f"target must be integer indices: one, (B,) or (B, S); got {target!r}.")
+        if indices.dim() == 1 and indices.numel() not in (1, batch):
+            raise ValueError(f"target must give one index per example (B = {batch}) or one for all, got {indices.numel()}.")
+        if indices.dim() == 2 and tuple(indices.shape) != (batch, count):
+            raise ValueError(f"target as (B, S) must have shape ({batch}, {count}), got {tuple(indices.shape)}.")
+        if bool(((indices < 0) | (indices >= scores.shape[-1])).any()):
+            raise ValueError(
+                f"target {indices.tolist()} is out of range: the model scores {scores.shape[-1]} "
+                f"{kind}, 0..{scores.shape[-1] - 1}."
+            )
+        indices = (indices.reshape(-1, 1) if indices.dim() < 2 else indices).expand(batch, count)
+    return scores.gather(-1, indices[..., None]).squeeze(-1)

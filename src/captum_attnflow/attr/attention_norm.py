@@ -1,0 +1,58 @@
+"""The norm of the weighted value vectors (Kobayashi, Kuribayashi, Yokoi & Inui, EMNLP 2020) as a Captum attribution."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor
+
+from captum_attnflow.attr._base import AttentionAttribution, with_internals_args
+from captum_attnflow.functional.checks import as_mask, matrix_rows
+from captum_attnflow.hf.decomposition import attention_norm_maps
+
+
+class AttentionNorm(AttentionAttribution):
+    """Norm-based attention weights (Kobayashi et al. 2020): what token j adds to token i's
+    attention output, measured by its length rather than by the attention weight alone,
+
+    .. math::
+        N_l[i, j] = \\Big\\lVert \\sum_h \\alpha^h_{ij}\\, v^h_j W^h_O \\Big\\rVert_2,
+
+    one layer at a time like raw attention (not rolled out, not normalised). Needs the model's
+    value vectors and output projection: the model types of
+    :data:`captum_attnflow.hf.architectures.ARCHITECTURES`.
+
+    Args:
+        forward_func: a Hugging Face model of a supported type, or a module containing one.
+    """
+
+    def __init__(self, forward_func: Any) -> None:
+        super().__init__(forward_func)
+
+    @with_internals_args()
+    def attribute(
+        self,
+        inputs: Tensor,
+        target: Any = None,
+        additional_forward_args: Any = None,
+        position: int | list[int] | Tensor | None = None,
+        layer: int | None = -1,
+        attention_mask: Tensor | None = None,
+    ) -> Tensor:
+        """Norms of the weighted value vectors read by ``position`` in ``layer``.
+{args}
+        Returns:
+            Tensor: float32 {shapes} Padding gets 0.
+
+        Example::
+
+            >>> from captum_attnflow import AttentionNorm, load_agreement_model
+            >>> model, tokenizer = load_agreement_model()
+            >>> ids = tokenizer(["the keys to the cabinet"], return_tensors="pt")["input_ids"]
+            >>> AttentionNorm(model).attribute(ids, layer=None).shape  # [CLS] in every layer
+            torch.Size([6, 1, 6])
+        """
+        inputs, args, attention_mask, _ = self._checked_inputs(inputs, additional_forward_args, attention_mask)
+        maps = attention_norm_maps(self.forward_func, inputs, args, attention_mask)
+        mask = as_mask(attention_mask, maps.shape[1], maps.shape[2], maps.device)
+        return matrix_rows(maps, position, layer, mask).to(inputs.device)

@@ -1,0 +1,116 @@
+"""Gradient-weighted attention rollout (Chefer, Gur & Wolf, ICCV 2021) as a Captum attribution."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from captum.attr import GradientAttribution
+from torch import Tensor
+
+from captum_attnflow.attr._base import AttentionAttribution, with_internals_args
+from captum_attnflow.functional.checks import as_mask, default_position, positions
+from captum_attnflow.functional.gradient_rollout import gradient_weighted_rollout
+from captum_attnflow.hf import output_scores, target_scores
+from captum_attnflow.hf.internals import Internals, capture_internals
+
+
+_TARGET_DOC = """
+            target (int, list or Tensor, optional): the explained score, as in Captum. For a
+                classifier's (B, C) logits the class (one index, or one per example as a list
+                or (B,) tensor); for a language model's (B, n, V) logits the token whose logit
+                is explained at each explained position (its next-token prediction): one id,
+                (B,) or (B, S); for a forward function returning (B,) scores, None. None
+                (default): the predicted class, or the predicted token at each position."""
+
+
+class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
+    """Gradient-weighted attention rollout (Chefer, Gur & Wolf, ICCV 2021, equations 5-6).
+
+    Each layer's attention probabilities :math:`A_l` (B, H, n, n) are weighted by the gradient
+    of the explained score :math:`y_t` with respect to them, negative evidence removed, heads
+    averaged, and rolled out with the identity for the residual:
+
+    .. math::
+        \\bar A_l = \\mathbb{E}_h\\big[(\\nabla A_l \\odot A_l)^+\\big], \\quad
+        \\nabla A_l = \\frac{\\partial y_t}{\\partial A_l}, \\qquad
+        R_0 = I, \\quad R_l = R_{l-1} + \\bar A_l R_{l-1}.
+
+    The attribution of token j for ``position`` p after ``layer`` l is :math:`R_l[p, j]`, not
+    normalised (as the paper defines it; the position's own entry includes the identity's 1).
+    Unlike rollout and flow it is class-specific: ``target`` picks the score. The model runs
+    once forward and once backward, with its own eager attention (the probabilities the
+    gradient is taken of are the ones it multiplies with its values), on any model whose
+    attention goes through transformers' attention-function interface; its parameters'
+    ``.grad`` are not touched. The maths is :func:`captum_attnflow.functional.gradient_weighted_rollout`.
+
+    Args:
+        forward_func: a Hugging Face model (classifier, language model, vision transformer), or
+            a module containing one that returns the score to explain. The model is left as it
+            was: attention implementation, mode and hooks change only for the call.
+    """
+
+    def __init__(self, forward_func: Any) -> None:
+        AttentionAttribution.__init__(self, forward_func)
+
+    @property
+    def multiplies_by_inputs(self) -> bool:
+        return False
+
+    @with_internals_args(_TARGET_DOC)
+    def attribute(
+        self,
+        inputs: Tensor,
+        target: Any = None,
+        additional_forward_args: Any = None,
+        position: int | list[int] | Tensor | None = None,
+        layer: int | None = -1,
+        attention_mask: Tensor | None = None,
+    ) -> Tensor:
+        """Gradient-weighted rollout of ``position`` after ``layer`` for the score ``target``.
+{args}
+
+        Returns:
+            Tensor: float32 {shapes} Padding gets 0.
+
+        Example::
+
+            >>> from captum_attnflow import GradientWeightedRollout, load_agreement_model
+            >>> model, tokenizer = load_agreement_model()
+            >>> ids = tokenizer(["the keys to the cabinet"], return_tensors="pt")["input_ids"]
+            >>> scores = GradientWeightedRollout(model).attribute(ids, target=1)  # plural, from [CLS]
+            >>> scores.shape
+            torch.Size([1, 6])
+        """
+        inputs, args, attention_mask, _ = self._checked_inputs(inputs, additional_forward_args, attention_mask)
+        internals = capture_internals(self.forward_func, inputs, args, attention_mask, gradients=True)
+        probabilities = internals.probabilities
+        if any(p.shape[-1] != p.shape[-2] for p in probabilities):
+            raise ValueError(
+                "GradientWeightedRollout explains self-attention; this model also ran cross-attention "
+                "(an encoder-decoder): explain its encoder or decoder alone."
+            )
+        batch, _, n, _ = probabilities[0].shape
+        mask = as_mask(attention_mask, batch, n, probabilities[0].device)
+        if position is None:
+            causal = all(not bool(p.detach().triu(1).any()) for p in probabilities)
+            position = default_position(mask, causal)
+        sources, has_axis = positions(position, mask)
+        scores = target_scores(internals.output, target, internals.run_positions(sources))
+        attentions = [_in_order(internals, p.detach()) for p in probabilities]
+        # A language model's positions each predict their own token: one gradient per position;
+        # a classifier's score is one for all positions.
+        count = sources.shape[1] if output_scores(internals.output).dim() == 3 else 1
+        rows = []
+        for index in range(count):
+            gradients = torch.autograd.grad(scores[:, index].sum(), probabilities, retain_graph=index + 1 < count)
+            gradients = [_in_order(internals, g) for g in gradients]
+            explained = sources[:, index : index + 1] if count > 1 else sources
+            rows.append(gradient_weighted_rollout(attentions, gradients, explained, layer, mask))
+        result = torch.cat(rows, -2)
+        return (result if has_axis else result.squeeze(-2)).to(inputs.device)
+
+
+def _in_order(internals: Internals, layer: Tensor) -> Tensor:
+    """One layer's (B, H, n, n) maps in the inputs' token order."""
+    return internals.in_inputs_order(layer.transpose(0, 1)).transpose(0, 1)

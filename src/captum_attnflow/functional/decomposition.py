@@ -1,0 +1,167 @@
+"""Token-to-token contributions that look inside the attention block: ALTI (Ferrando, Gállego &
+Costa-jussà, EMNLP 2022), the norm of the weighted value vectors (Kobayashi, Kuribayashi, Yokoi &
+Inui, EMNLP 2020) and value zeroing (Mohebbi, Zuidema, Chrupała & Alishahi, EACL 2023).
+
+All work on one layer's internals in the transformers layout: attention probabilities
+(B, H, n, n) (row = query), value vectors (B, H, n, d) after the value projection (its bias
+included), and the output projection :math:`W_O` (H d, D) with :math:`y = x W_O + b_O`. Each
+head's value vector of token j, projected, is :math:`f^h(x_j) = v^h_j W^h_O` (D,); the attention
+output of token i is :math:`\\sum_j \\sum_h \\alpha^h_{ij} f^h(x_j) + b_O`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+# Row blocks of the (B, rows, n, D) transformed vectors hold about this many numbers.
+_BLOCK_NUMBERS = 2**23
+
+
+def projected_values(values: Tensor, output_weight: Tensor) -> Tensor:
+    """(B, H, n, D) :math:`f^h(x_j) = v^h_j W^h_O`: each head's values (B, H, n, d) through its
+    slice (d, D) of the output projection ``output_weight`` (H d, D)."""
+    batch, heads, n, size = values.shape
+    return torch.einsum("bhjd,hdk->bhjk", values.float(), output_weight.float().reshape(heads, size, -1))
+
+
+def transformed_vectors(probabilities: Tensor, projected: Tensor, rows: slice) -> Tensor:
+    """(B, r, n, D) :math:`\\sum_h \\alpha^h_{ij} f^h(x_j)` for the query rows ``rows`` (r of
+    them) and every token j: token j's share of token i's attention output."""
+    weights = probabilities[:, :, rows].float().permute(0, 3, 2, 1)  # (B, n_j, r, H)
+    shares = torch.matmul(weights, projected.transpose(1, 2))  # (B, n_j, r, H) @ (B, n_j, H, D)
+    return shares.transpose(1, 2)
+
+
+def _row_blocks(batch: int, n: int, size: int) -> list[slice]:
+    step = max(1, _BLOCK_NUMBERS // max(1, batch * n * size))
+    return [slice(start, min(n, start + step)) for start in range(0, n, step)]
+
+
+def attention_norms(probabilities: Tensor, values: Tensor, output_weight: Tensor, attention_mask: Tensor) -> Tensor:
+    """Kobayashi et al.'s norm-based weights, (B, n, n): :math:`\\lVert \\sum_h \\alpha^h_{ij} f^h(x_j) \\rVert_2`,
+    the length of what token j adds to token i's attention output; padding rows and columns 0.
+
+    Example::
+
+        >>> import torch
+        >>> from captum_attnflow.functional.decomposition import attention_norms
+        >>> probabilities = torch.softmax(torch.randn(1, 2, 3, 3), -1)  # (B, H, n, n)
+        >>> values, weight = torch.randn(1, 2, 3, 4), torch.randn(8, 5)  # (B, H, n, d), (H d, D)
+        >>> norms = attention_norms(probabilities, values, weight, torch.ones(1, 3, dtype=torch.bool))
+        >>> vector = sum(probabilities[0, h, 0, 2] * values[0, h, 2] @ weight[4 * h:4 * h + 4] for h in range(2))
+        >>> torch.allclose(norms[0, 0, 2], vector.norm())
+        True
+    """
+    projected = projected_values(values, output_weight)
+    batch, _, n, size = projected.shape
+    norms = torch.cat(
+        [transformed_vectors(probabilities, projected, rows).norm(dim=-1) for rows in _row_blocks(batch, n, size)], 1
+    )
+    return norms * (attention_mask[:, :, None] & attention_mask[:, None, :])
+
+
+def alti_contributions(
+    probabilities: Tensor,
+    values: Tensor,
+    inputs: Tensor,
+    output_weight: Tensor,
+    output_bias: Tensor | None,
+    attention_mask: Tensor,
+    norm: tuple[Tensor, Tensor, float] | None = None,
+) -> Tensor:
+    """ALTI's contributions of one attention block, (B, n, n), rows normalised over real tokens.
+
+    The block's output for token i, residual included, is decomposed into one vector per input
+    token, :math:`T_i(x_j) = \\sum_h \\alpha^h_{ij} f^h(x_j) + \\delta_{ij} x_i`, plus what
+    belongs to no token (:math:`b_O`, and the norm's shift :math:`\\beta`). Pre-LN blocks
+    (``norm=None``): the block's output is :math:`y_i = x_i + \\sum_j \\sum_h \\alpha^h_{ij} f^h(x_j) + b_O`.
+    Post-LN blocks (``norm=(gamma, beta, eps)``): :math:`y_i = \\operatorname{LN}(\\ldots)`, and
+    the LayerNorm is linearised with token i's own statistics,
+    :math:`T_i(x_j) \\mapsto \\gamma \\odot (T_i(x_j) - \\mu(T_i(x_j))) / \\sigma_i`, :math:`\\sigma_i`
+    the standard deviation (with eps) of the whole pre-norm vector of token i; the transformed
+    vectors then sum to :math:`y_i` minus the terms of no token. Then (paper, equation 9)
+
+    .. math::
+        c_{ij} = \\frac{\\max(0, \\lVert y_i \\rVert_1 - \\lVert y_i - T_i(x_j) \\rVert_1)}
+                      {\\sum_k \\max(0, \\lVert y_i \\rVert_1 - \\lVert y_i - T_i(x_k) \\rVert_1)}.
+
+    Args:
+        probabilities: (B, H, n, n) attention probabilities.
+        values: (B, H, n, d) value vectors, value bias included.
+        inputs: (B, n, D) the block's input :math:`x` (the residual stream).
+        output_weight, output_bias: :math:`W_O` (H d, D) and :math:`b_O` (D,) or None.
+        attention_mask: (B, n) bool, True on real tokens.
+        norm: ``(gamma (D,), beta (D,), eps)`` of the LayerNorm after the residual (post-LN), or None.
+
+    Returns:
+        float32 (B, n, n), row i the contributions to token i; rows of real tokens sum to 1,
+        padding rows and columns are 0.
+
+    Example::
+
+        >>> import torch
+        >>> from captum_attnflow.functional.decomposition import alti_contributions
+        >>> probabilities = torch.softmax(torch.randn(1, 2, 3, 3), -1)
+        >>> values, inputs, weight = torch.randn(1, 2, 3, 4), torch.randn(1, 3, 8), torch.randn(8, 8)
+        >>> mask = torch.ones(1, 3, dtype=torch.bool)
+        >>> contributions = alti_contributions(probabilities, values, inputs, weight, None, mask)
+        >>> torch.allclose(contributions.sum(-1), torch.ones(1, 3))
+        True
+    """
+    projected = projected_values(values, output_weight)
+    batch, _, n, size = projected.shape
+    inputs = inputs.float()
+    pre_norm = inputs + torch.einsum("bhij,bhjk->bik", probabilities.float(), projected)
+    if output_bias is not None:
+        pre_norm = pre_norm + output_bias.float()
+    if norm is None:
+        outputs, scale = pre_norm, None
+    else:
+        gamma, beta, eps = norm
+        deviation = (pre_norm.var(-1, unbiased=False, keepdim=True) + eps).sqrt()  # (B, n, 1)
+        outputs = (pre_norm - pre_norm.mean(-1, keepdim=True)) / deviation * gamma.float() + beta.float()
+        scale = gamma.float() / deviation  # (B, n, D)
+    distances = []
+    for rows in _row_blocks(batch, n, size):
+        vectors = transformed_vectors(probabilities, projected, rows)  # (B, r, n, D)
+        own = torch.arange(rows.start, rows.stop, device=inputs.device)
+        vectors[:, own - rows.start, own] += inputs[:, rows]
+        if scale is not None:
+            vectors = (vectors - vectors.mean(-1, keepdim=True)) * scale[:, rows, None]
+        distances.append((outputs[:, rows, None] - vectors).abs().sum(-1))
+    contributions = (outputs.abs().sum(-1)[:, :, None] - torch.cat(distances, 1)).clamp(min=0)
+    return normalised_rows(contributions, attention_mask)
+
+
+def value_zeroing_contexts(probabilities: Tensor, values: Tensor, tokens: Tensor) -> Tensor:
+    """The attention layer's concatenated head outputs with token j's value vectors zeroed in
+    every head, for each j in ``tokens`` (J,): (B, J, n, H d),
+    :math:`\\sum_{k \\ne j} \\alpha^h_{ik} v^h_k = (\\alpha^h v^h)_i - \\alpha^h_{ij} v^h_j`
+    (attention is linear in the values, so one pass gives every zeroing)."""
+    batch, heads, n, size = values.shape
+    context = probabilities @ values  # (B, H, n, d)
+    removed = probabilities[:, :, :, tokens].permute(0, 3, 1, 2)[..., None] * values[:, :, tokens].transpose(1, 2)[:, :, :, None]
+    return (context[:, None] - removed).permute(0, 1, 3, 2, 4).reshape(batch, tokens.numel(), n, heads * size)
+
+
+def cosine_distances(zeroed_outputs: Tensor, outputs: Tensor) -> Tensor:
+    """(B, n, J) :math:`1 - \\cos(\\tilde x^{(j)}_i, x_i)` from outputs (B, n, D) and the outputs
+    with token j zeroed (B, J, n, D).
+
+    Computed as :math:`\lVert \hat a - \hat b \rVert^2 / 2` of the unit vectors: zeroing one
+    token often turns the output by 1e-5 or less, where 1 - cos in float32 keeps no digit."""
+    zeroed = torch.nn.functional.normalize(zeroed_outputs.float(), dim=-1)
+    original = torch.nn.functional.normalize(outputs.float(), dim=-1)[:, None]
+    return ((zeroed - original).square().sum(-1) / 2).transpose(1, 2)
+
+
+def normalised_rows(scores: Tensor, attention_mask: Tensor) -> Tensor:
+    """(B, n, n) non-negative ``scores`` with padding rows and columns set to 0 and each real
+    row divided by its sum; a real row with nothing left keeps its token whole (1 on the diagonal)."""
+    keep = attention_mask[:, :, None] & attention_mask[:, None, :]
+    scores = scores.float().clamp(min=0) * keep
+    sums = scores.sum(-1, keepdim=True)
+    empty = (sums == 0) & attention_mask[:, :, None]
+    scores = scores + empty * torch.eye(scores.shape[-1], device=scores.device)
+    return scores / torch.where(sums > 0, sums, torch.ones_like(sums))

@@ -1,0 +1,143 @@
+"""Per-layer contribution maps that look inside the transformer blocks: ALTI, the norms of the
+weighted value vectors, and value zeroing, for the models of :data:`~captum_attnflow.hf.architectures.ARCHITECTURES`.
+
+One forward pass collects each layer's probabilities, values and block input
+(:func:`~captum_attnflow.hf.internals.capture_internals`); the architecture table supplies the
+output projection, the LayerNorm and the rest of each block; the maths is
+:mod:`captum_attnflow.functional.decomposition`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import Tensor, nn
+
+from captum_attnflow.functional import decomposition
+from captum_attnflow.hf.architectures import Architecture, architecture_of, layer_norm_parameters, projection_weight
+from captum_attnflow.hf.inputs import reorder_tokens
+from captum_attnflow.hf.internals import Internals, capture_internals
+
+# Zeroed variants of one layer run together in chunks of about this many hidden numbers
+# (4 D per token: the feed-forward's width).
+_VARIANT_NUMBERS = 2**24
+
+
+@dataclass
+class _Block:
+    """One transformer block's internals from the forward pass, in the run's token order."""
+
+    module: nn.Module
+    inputs: Tensor  # (B, n, D)
+    probabilities: Tensor  # (B, H, n, n)
+    values: Tensor  # (B, H, n, d)
+
+
+def _blocks(
+    forward_func: Callable[..., Any], inputs: Tensor, additional_forward_args: Any, attention_mask: Tensor | None, method: str
+) -> tuple[Architecture, list[_Block], Tensor, Internals]:
+    """The architecture, each block's internals, the run's (B, n) bool mask and the internals."""
+    architecture, modules = architecture_of(forward_func, method)
+    internals = capture_internals(forward_func, inputs, additional_forward_args, attention_mask, blocks=modules)
+    if not len(internals.probabilities) == len(internals.block_inputs) == len(modules):
+        raise ValueError(
+            f"{method} expects one self-attention per transformer block; the model ran {len(modules)} blocks "
+            f"and {len(internals.probabilities)} attention calls (a model with cross-attention is not supported)."
+        )
+    batch, _, n, _ = internals.probabilities[0].shape
+    if attention_mask is None:
+        mask = torch.ones(batch, n, dtype=torch.bool, device=internals.probabilities[0].device)
+    else:
+        mask = torch.as_tensor(attention_mask).to(internals.probabilities[0].device).bool()
+        if internals.order is not None:
+            mask = reorder_tokens(mask, internals.order)
+    blocks = [
+        _Block(module, x, p.detach(), v)
+        for module, x, p, v in zip(modules, internals.block_inputs, internals.probabilities, internals.values)
+    ]
+    return architecture, blocks, mask, internals
+
+
+def alti_maps(
+    forward_func: Callable[..., Any], inputs: Tensor, additional_forward_args: Any = None, attention_mask: Tensor | None = None
+) -> Tensor:
+    """ALTI's contributions of every layer, (L, B, n, n) in the inputs' token order
+    (:func:`~captum_attnflow.functional.decomposition.alti_contributions`)."""
+    architecture, blocks, mask, internals = _blocks(forward_func, inputs, additional_forward_args, attention_mask, "ALTI")
+    maps = []
+    with torch.no_grad():
+        for block in blocks:
+            weight, bias = projection_weight(architecture.output_projection(block.module))
+            norm = None if architecture.post_norm is None else layer_norm_parameters(architecture.post_norm(block.module))
+            maps.append(
+                decomposition.alti_contributions(block.probabilities, block.values, block.inputs, weight, bias, mask, norm)
+            )
+    return internals.in_inputs_order(torch.stack(maps))
+
+
+def attention_norm_maps(
+    forward_func: Callable[..., Any], inputs: Tensor, additional_forward_args: Any = None, attention_mask: Tensor | None = None
+) -> Tensor:
+    """Kobayashi et al.'s :math:`\\lVert \\sum_h \\alpha^h_{ij} f^h(x_j) \\rVert` of every layer, (L, B, n, n)
+    in the inputs' token order (:func:`~captum_attnflow.functional.decomposition.attention_norms`)."""
+    architecture, blocks, mask, internals = _blocks(
+        forward_func, inputs, additional_forward_args, attention_mask, "AttentionNorm"
+    )
+    with torch.no_grad():
+        maps = [
+            decomposition.attention_norms(
+                block.probabilities, block.values, projection_weight(architecture.output_projection(block.module))[0], mask
+            )
+            for block in blocks
+        ]
+    return internals.in_inputs_order(torch.stack(maps))
+
+
+def value_zeroing_maps(
+    forward_func: Callable[..., Any],
+    inputs: Tensor,
+    additional_forward_args: Any = None,
+    attention_mask: Tensor | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> Tensor:
+    """Value zeroing's row-normalised contributions of every layer, (L, B, n, n) in the inputs'
+    token order: :math:`C_l[i, j] = 1 - \\cos(\\tilde x^{(j)}_i, x_i)` with :math:`x_i` token
+    i's output of block l and :math:`\\tilde x^{(j)}_i` the same with token j's value vectors
+    zeroed in every head of that block, each row divided by its sum over real tokens.
+
+    The zeroed attention outputs of all j follow from one pass
+    (:func:`~captum_attnflow.functional.decomposition.value_zeroing_contexts`); only the rest of
+    the block (output projection, residual, norms, feed-forward) runs again, for n variants of n
+    tokens, in chunks. ``progress(k)`` is called after each layer.
+    """
+    architecture, blocks, mask, internals = _blocks(
+        forward_func, inputs, additional_forward_args, attention_mask, "ValueZeroing"
+    )
+    maps = []
+    with torch.no_grad():
+        for block in blocks:
+            maps.append(_zeroing_map(architecture, block, mask))
+            if progress is not None:
+                progress(1)
+    return internals.in_inputs_order(torch.stack(maps))
+
+
+def _zeroing_map(architecture: Architecture, block: _Block, mask: Tensor) -> Tensor:
+    """(B, n, n) value zeroing of one block, rows normalised."""
+    projection = architecture.output_projection(block.module)
+    batch, heads, n, size = block.values.shape
+    probabilities, values = block.probabilities.to(block.values.dtype), block.values
+    context = (probabilities @ values).transpose(1, 2).reshape(batch, n, heads * size)
+    outputs = architecture.after_attention(block.module, block.inputs, projection(context))
+    chunk = max(1, _VARIANT_NUMBERS // (4 * batch * n * block.inputs.shape[-1]))
+    distances = []
+    for start in range(0, n, chunk):
+        tokens = torch.arange(start, min(n, start + chunk), device=values.device)
+        zeroed = decomposition.value_zeroing_contexts(probabilities, values, tokens)
+        zeroed_outputs = architecture.after_attention(block.module, block.inputs[:, None], projection(zeroed))
+        distances.append(decomposition.cosine_distances(zeroed_outputs, outputs))
+    # A token no head attends to changes nothing when zeroed: exactly 0, not float noise.
+    attended = block.probabilities.sum(1) > 0
+    return decomposition.normalised_rows(torch.cat(distances, -1) * attended, mask)

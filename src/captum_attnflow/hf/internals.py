@@ -1,0 +1,183 @@
+"""One forward pass that keeps what the gradient-weighted and decomposition methods read inside a
+model: each attention layer's probabilities (with their gradients when asked), value vectors, and
+each transformer block's input.
+
+An attention function registered with transformers' attention-function interface replaces the
+model's own for one call. It runs the model family's own eager attention (the
+``eager_attention_forward`` of the model's modeling module, so position biases, scalings and
+grouped-query heads are the model's) and records the probabilities it returns, which are the very
+tensor multiplied with the values: their gradient is the gradient of the output with respect to
+the attention. The model's outputs are its eager outputs. The model is left as it was
+(attention implementation, mode, hooks), also when the call raises; calls on one model from
+several threads run one at a time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import torch
+from torch import Tensor, nn
+from transformers import AttentionInterface, PreTrainedModel
+from transformers.masking_utils import AttentionMaskInterface, eager_mask
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from captum_attnflow.hf.capture import in_run_order, maps_in_order, real_tokens_first_call
+from captum_attnflow.hf.inputs import as_tuple, check_mask_not_in_args
+from captum_attnflow.hf.models import check_device, owning_module
+from captum_attnflow.hf.state import implementation, unchanged
+
+_NAME = "captum_attnflow_internals"
+_REGISTERED = threading.Lock()
+_CAPTURES: "weakref.WeakKeyDictionary[nn.Module, Internals]" = weakref.WeakKeyDictionary()
+
+
+@dataclass
+class Internals:
+    """What one forward pass kept, in the order the attention layers ran.
+
+    Attributes:
+        probabilities: per attention call, (B, H, n_q, n_k), the probabilities the model
+            multiplied with its values (in the autograd graph when gradients were asked for).
+        values: per attention call, (B, H, n_k, d) value vectors, grouped-query heads repeated.
+        modules: per attention call, the attention module that made it.
+        block_inputs: per hooked transformer block, its input hidden states (B, n, D).
+        output: what the model returned.
+        order: (B, n) the run's token order when a left-padded batch ran with its real tokens
+            first (``order[b, k]`` = original position of the k-th token in the run), else None.
+    """
+
+    probabilities: list[Tensor] = field(default_factory=list)
+    values: list[Tensor] = field(default_factory=list)
+    modules: list[nn.Module] = field(default_factory=list)
+    block_inputs: list[Tensor] = field(default_factory=list)
+    output: Any = None
+    order: Tensor | None = None
+
+    def in_inputs_order(self, maps: Tensor) -> Tensor:
+        """(..., B, n, n) matrices computed in the run's token order, rows and columns put back
+        in the inputs' order."""
+        if self.order is None:
+            return maps
+        back = self.order.argsort(dim=-1)
+        flat = maps.reshape(-1, *maps.shape[-3:]).transpose(0, 1)  # (B, K, n, n)
+        return maps_in_order(flat, back).transpose(0, 1).reshape(maps.shape)
+
+    def run_positions(self, positions: Tensor) -> Tensor:
+        """(B, S) positions of the inputs, as positions in the run."""
+        return positions if self.order is None else in_run_order(positions, self.order)
+
+
+def _eager_function(module: nn.Module) -> Callable[..., tuple[Tensor, Tensor]]:
+    """The model family's own eager attention: ``eager_attention_forward`` of its modeling module."""
+    function = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+    if function is None:
+        raise ValueError(
+            f"{type(module).__name__} has no eager attention function in its modeling module "
+            f"({type(module).__module__}); this method needs a model whose attention runs through "
+            "transformers' attention-function interface."
+        )
+    return function
+
+
+def _internals_attention(
+    module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None, **kwargs: Any
+) -> tuple[Tensor, Tensor]:
+    internals = _CAPTURES[module]
+    if torch.is_grad_enabled() and not query.requires_grad:
+        # Frozen parameters: the graph from the attention to the output must still exist.
+        query = query.detach().requires_grad_()
+    output, probabilities = _eager_function(module)(module, query, key, value, attention_mask, **kwargs)
+    heads = probabilities.shape[1]
+    values = value.repeat_interleave(heads // value.shape[1], dim=1) if value.shape[1] != heads else value
+    internals.probabilities.append(probabilities)
+    internals.values.append(values.detach())
+    internals.modules.append(module)
+    return output, probabilities
+
+
+def _register() -> None:
+    with _REGISTERED:
+        if _NAME not in ALL_ATTENTION_FUNCTIONS:
+            AttentionInterface.register(_NAME, _internals_attention)
+            AttentionMaskInterface.register(_NAME, eager_mask)  # the additive masks eager attention gets
+
+
+def capture_internals(
+    forward_func: Callable[..., Any],
+    inputs: Tensor,
+    additional_forward_args: Any = None,
+    attention_mask: Tensor | None = None,
+    gradients: bool = False,
+    blocks: list[nn.Module] | None = None,
+) -> Internals:
+    """Run ``forward_func`` once and keep its attention internals (see :class:`Internals`).
+
+    A Hugging Face model is called as ``model(inputs, *additional_forward_args,
+    attention_mask=attention_mask)``, a left-padded batch with each row's real tokens first
+    (``Internals.order``); any other module containing one as ``forward_func(inputs,
+    *additional_forward_args)``.
+
+    Args:
+        forward_func: a Hugging Face model, or a module (or bound method) containing one.
+        inputs: token ids (B, n), or pixel values of a vision transformer.
+        additional_forward_args: extra positional arguments after ``inputs``.
+        attention_mask: (B, n), 1 on real tokens, 0 on padding, or None.
+        gradients: run with autograd on, so that the recorded probabilities and ``output``
+            are in one graph (``torch.autograd.grad(score, internals.probabilities)``, which
+            touches no parameter's ``.grad``), also when the model's parameters are frozen.
+        blocks: transformer blocks whose inputs to keep (:func:`~captum_attnflow.hf.architectures.architecture_of`).
+
+    Returns:
+        Internals: one entry per attention call, in call order.
+    """
+    module = owning_module(forward_func)
+    if module is None:
+        raise TypeError(
+            f"forward_func must be a Hugging Face model or a module containing one, got {type(forward_func).__name__}; "
+            "these methods read the attention inside the model."
+        )
+    check_device(module, inputs)
+    args = as_tuple(additional_forward_args)
+    internals = Internals()
+    kwargs: dict[str, Any] = {}
+    if isinstance(forward_func, PreTrainedModel):
+        check_mask_not_in_args(forward_func, args, attention_mask)
+        if attention_mask is not None:
+            attention_mask = torch.as_tensor(attention_mask).to(inputs.device)
+        inputs, args, kwargs, internals.order = real_tokens_first_call(inputs, args, attention_mask)
+    _register()
+    with unchanged(module), _recording(module, internals, blocks or []), implementation(module, _NAME):
+        with torch.set_grad_enabled(gradients):
+            internals.output = forward_func(inputs, *args, **kwargs)
+    if not internals.probabilities:
+        raise ValueError(
+            f"{type(module).__name__} ran no attention through transformers' attention-function interface; "
+            "this method needs a model that does (BERT, GPT-2, Llama, ViT, T5, ... in transformers 5)."
+        )
+    return internals
+
+
+@contextlib.contextmanager
+def _recording(module: nn.Module, internals: Internals, blocks: list[nn.Module]) -> Iterator[None]:
+    """Route every submodule's attention calls to ``internals`` and hook the blocks' inputs for the block."""
+
+    def keep_input(block: nn.Module, args: tuple, kwargs: dict) -> None:
+        internals.block_inputs.append((args[0] if args else kwargs["hidden_states"]).detach())
+
+    modules = list(module.modules())
+    handles = [block.register_forward_pre_hook(keep_input, with_kwargs=True) for block in blocks]
+    try:
+        for submodule in modules:
+            _CAPTURES[submodule] = internals
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+        for submodule in modules:
+            _CAPTURES.pop(submodule, None)

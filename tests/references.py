@@ -1,0 +1,519 @@
+"""Slow, float64 reference implementations of the attribution methods, for the tests (not a test module).
+
+Written from the papers and checked against the maths of the authors' released code (notes in
+``/work/notes/authors_maths.md``); nothing here uses captum_attnflow, nor transformers' attention
+functions. Every function works on a deep copy of the model in float64 and eval mode, recomputes
+each layer's self-attention by hand from the layer's weights (explicit ``softmax(q kᵀ · scale + mask)``),
+and calls only the token-local feed-forward submodules (``intermediate``/``mlp``/``ffn``) of the model.
+
+How the recomputation is wired: a forward hook on every transformer layer replaces the layer's
+output by the output computed here from the layer's input. The model's own code therefore only
+embeds the inputs (layer 0's input) and applies what comes after the last layer (final norm,
+pooler, classifier), so ``target_fn`` receives the model's usual output object while every
+attention map it depends on is a tensor computed here.
+
+Supported: ``bert``, ``roberta``, ``distilbert`` (post-LN), ``gpt2`` (causal), ``llama`` (causal,
+rotary positions, grouped-query attention, RMSNorm), the bundled agreement model (non-causal GPT-2
+blocks), ``vit`` (pre-LN, pixel values, no mask); base models and their classification heads.
+
+Shapes: ``inputs`` (B, n) token ids, or (B, 3, H, W) pixel values for ViT; ``attention_mask``
+(B, n) with 1 for real tokens (right or left padding), or None. Every function returns float64
+(L, B, n, n) maps, one per layer, rows = the position explained (i), columns = the source (j).
+Rows and columns of padding positions are exactly 0, and padding never changes the values of the
+real tokens (the masked keys get probability exactly 0).
+
+Positions of padding tokens: the models are run exactly as transformers runs them (GPT-2 and
+Llama number positions 0..n-1 whatever the mask, so a left-padded decoder input is not the same
+sentence as the unpadded one; RoBERTa numbers from the padding mask).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+
+POST_LN = {"bert", "roberta", "distilbert"}
+CAUSAL = {"gpt2", "llama"}
+KINDS = {
+    "bert": "bert",
+    "roberta": "bert",
+    "distilbert": "distilbert",
+    "gpt2": "gpt2",
+    "captum_attnflow_agreement": "gpt2",
+    "llama": "llama",
+    "vit": "vit",
+}
+
+
+# --------------------------------------------------------------------------------------------
+# building blocks, written out
+
+
+def _layer_norm(x, weight, bias, eps):
+    """LayerNorm over the last dimension: (x - mean) / sqrt(var + eps) * weight + bias."""
+    mean = x.mean(-1, keepdim=True)
+    var = ((x - mean) ** 2).mean(-1, keepdim=True)
+    return (x - mean) / torch.sqrt(var + eps) * weight + bias
+
+
+def _rms_norm(x, weight, eps):
+    """RMSNorm (Llama): x / sqrt(mean(x²) + eps) * weight."""
+    return x / torch.sqrt((x**2).mean(-1, keepdim=True) + eps) * weight
+
+
+def _split_heads(x, heads):
+    """(B, n, heads * dh) -> (B, heads, n, dh); head h is the slice [h*dh, (h+1)*dh)."""
+    B, n, width = x.shape
+    return x.view(B, n, heads, width // heads).transpose(1, 2)
+
+
+def _attention_probabilities(q, k, allowed, scale):
+    """softmax over keys of q kᵀ · scale, with disallowed keys at the most negative float64.
+
+    q (B, H, n, dh), k (B, H, n, dh), allowed (B, n, n) bool. Disallowed keys get exactly 0 in
+    every row that has an allowed key; a row with none (a left-padding query of a causal model)
+    becomes uniform instead of NaN, as in transformers' eager attention, and is never used.
+    """
+    scores = torch.einsum("bhic,bhjc->bhij", q, k) * scale
+    scores = scores.masked_fill(~allowed[:, None], torch.finfo(torch.float64).min)
+    scores = scores - scores.max(-1, keepdim=True).values
+    weights = torch.exp(scores)
+    return weights / weights.sum(-1, keepdim=True)
+
+
+def _rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+
+
+def _rotary(x, positions, theta):
+    """Rotary position embedding (the "rotate half" convention transformers' Llama uses).
+
+    Angles pos * theta^(-2c/dh) for c < dh/2, each used for dimensions c and c + dh/2. In float64
+    (transformers computes the angles, and RMSNorm, in float32 even in a float64 model, so a
+    float64 Llama agrees with this only to ~1e-6)."""
+    dh = x.shape[-1]
+    inv_freq = 1.0 / theta ** (torch.arange(0, dh, 2, dtype=torch.float64) / dh)
+    angles = positions.to(torch.float64)[:, None] * inv_freq[None, :]  # (n, dh/2)
+    angles = torch.cat([angles, angles], dim=-1)  # (n, dh)
+    return x * torch.cos(angles) + _rotate_half(x) * torch.sin(angles)
+
+
+def _linear(x, linear):
+    """x Wᵀ + b of an nn.Linear (no bias when it has none)."""
+    out = x @ linear.weight.T
+    return out if linear.bias is None else out + linear.bias
+
+
+def _output_heads(weight_in_by_out, heads):
+    """Per-head output projections (H, dh, d) from a (H*dh, d) matrix: attn_out = Σ_h ctx_h @ W_O^h + b_O."""
+    width, d = weight_in_by_out.shape
+    return weight_in_by_out.reshape(heads, width // heads, d)
+
+
+def _zero_token_value(v, token):
+    """Value vectors (after the value projection, bias included) with token ``token`` zeroed in all heads."""
+    if token is None:
+        return v
+    v = v.clone()
+    v[:, :, token, :] = 0
+    return v
+
+
+def _finish(record, x, A, v, W_O, b_O):
+    """Context vectors, the attention output Σ_h (A_h v_h) W_O^h + b_O, and the record of the layer."""
+    context = torch.einsum("bhij,bhjc->bhic", A, v)
+    attn_out = torch.einsum("bhic,hcd->bid", context, W_O) + b_O
+    record.update(x=x, A=A, v=v, W_O=W_O, b_O=b_O, attn_out=attn_out)
+    return attn_out
+
+
+# --------------------------------------------------------------------------------------------
+# one layer per architecture: returns a record with the layer input x (B, n, d), the attention
+# probabilities A (B, H, n, n), value vectors v (B, H, n, dh) per query head, W_O (H, dh, d),
+# b_O (d,), attn_out (B, n, d), mid (the attention block's output: LN1(x + attn_out) post-LN,
+# x + attn_out pre-LN), the LN1 parameters for post-LN, and out (the layer output).
+
+
+def _bert_layer(layer, config, x, allowed, zero_token=None, layer_index=0):
+    heads = config.num_attention_heads
+    sa = layer.attention.self
+    q = _split_heads(_linear(x, sa.query), heads)
+    k = _split_heads(_linear(x, sa.key), heads)
+    v = _zero_token_value(_split_heads(_linear(x, sa.value), heads), zero_token)
+    A = _attention_probabilities(q, k, allowed, 1.0 / math.sqrt(q.shape[-1]))
+    dense = layer.attention.output.dense
+    record = {}
+    attn_out = _finish(record, x, A, v, _output_heads(dense.weight.T, heads), dense.bias)
+    ln1 = layer.attention.output.LayerNorm
+    pre_ln1 = x + attn_out
+    mid = _layer_norm(pre_ln1, ln1.weight, ln1.bias, ln1.eps)
+    ffn = layer.output.dense(layer.intermediate(mid))  # intermediate = dense + activation
+    ln2 = layer.output.LayerNorm
+    out = _layer_norm(ffn + mid, ln2.weight, ln2.bias, ln2.eps)
+    record.update(pre_ln1=pre_ln1, ln1=(ln1.weight, ln1.bias, ln1.eps), mid=mid, out=out)
+    return record
+
+
+def _distilbert_layer(layer, config, x, allowed, zero_token=None, layer_index=0):
+    heads = config.n_heads
+    att = layer.attention
+    q = _split_heads(_linear(x, att.q_lin), heads)
+    k = _split_heads(_linear(x, att.k_lin), heads)
+    v = _zero_token_value(_split_heads(_linear(x, att.v_lin), heads), zero_token)
+    A = _attention_probabilities(q, k, allowed, 1.0 / math.sqrt(q.shape[-1]))
+    record = {}
+    attn_out = _finish(record, x, A, v, _output_heads(att.out_lin.weight.T, heads), att.out_lin.bias)
+    ln1 = layer.sa_layer_norm
+    pre_ln1 = x + attn_out
+    mid = _layer_norm(pre_ln1, ln1.weight, ln1.bias, ln1.eps)
+    ln2 = layer.output_layer_norm
+    out = _layer_norm(layer.ffn(mid) + mid, ln2.weight, ln2.bias, ln2.eps)
+    record.update(pre_ln1=pre_ln1, ln1=(ln1.weight, ln1.bias, ln1.eps), mid=mid, out=out)
+    return record
+
+
+def _gpt2_layer(layer, config, x, allowed, zero_token=None, layer_index=0):
+    """A GPT-2 block (GPT-2 itself, causal, and the agreement model's non-causal blocks)."""
+    heads = config.num_attention_heads
+    d = x.shape[-1]
+    a = _layer_norm(x, layer.ln_1.weight, layer.ln_1.bias, layer.ln_1.eps)
+    qkv = a @ layer.attn.c_attn.weight + layer.attn.c_attn.bias  # Conv1D: x W + b, W (d, 3d)
+    q, k, v = (_split_heads(qkv[..., i * d : (i + 1) * d], heads) for i in range(3))
+    v = _zero_token_value(v, zero_token)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if config.scale_attn_weights else 1.0
+    if config.scale_attn_by_inverse_layer_idx:
+        scale /= layer_index + 1
+    A = _attention_probabilities(q, k, allowed, scale)
+    c_proj = layer.attn.c_proj
+    record = {}
+    attn_out = _finish(record, x, A, v, _output_heads(c_proj.weight, heads), c_proj.bias)
+    mid = x + attn_out
+    out = mid + layer.mlp(_layer_norm(mid, layer.ln_2.weight, layer.ln_2.bias, layer.ln_2.eps))
+    record.update(mid=mid, out=out)
+    return record
+
+
+def _llama_layer(layer, config, x, allowed, zero_token=None, layer_index=0):
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    rope = config.rope_parameters
+    if rope.get("rope_type", "default") != "default":
+        raise NotImplementedError(f"reference rotary embedding only for rope_type 'default', got {rope}")
+    att = layer.self_attn
+    a = _rms_norm(x, layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon)
+    positions = torch.arange(x.shape[1])  # LlamaModel's default position_ids
+    q = _rotary(_split_heads(_linear(a, att.q_proj), heads), positions, rope["rope_theta"])
+    k = _rotary(_split_heads(_linear(a, att.k_proj), kv_heads), positions, rope["rope_theta"])
+    v = _zero_token_value(_split_heads(_linear(a, att.v_proj), kv_heads), zero_token)
+    # grouped-query attention: query head h reads key/value head h // (heads / kv_heads)
+    group = heads // kv_heads
+    k = torch.stack([k[:, h // group] for h in range(heads)], dim=1)
+    v = torch.stack([v[:, h // group] for h in range(heads)], dim=1)
+    A = _attention_probabilities(q, k, allowed, 1.0 / math.sqrt(q.shape[-1]))
+    o_proj = att.o_proj
+    b_O = o_proj.bias if o_proj.bias is not None else torch.zeros(x.shape[-1], dtype=x.dtype)
+    record = {}
+    attn_out = _finish(record, x, A, v, _output_heads(o_proj.weight.T, heads), b_O)
+    mid = x + attn_out
+    norm2 = layer.post_attention_layernorm
+    out = mid + layer.mlp(_rms_norm(mid, norm2.weight, norm2.variance_epsilon))
+    record.update(mid=mid, out=out)
+    return record
+
+
+def _vit_layer(layer, config, x, allowed, zero_token=None, layer_index=0):
+    heads = config.num_attention_heads
+    att = layer.attention
+    a = _layer_norm(x, layer.layernorm_before.weight, layer.layernorm_before.bias, layer.layernorm_before.eps)
+    q = _split_heads(_linear(a, att.q_proj), heads)
+    k = _split_heads(_linear(a, att.k_proj), heads)
+    v = _zero_token_value(_split_heads(_linear(a, att.v_proj), heads), zero_token)
+    A = _attention_probabilities(q, k, allowed, 1.0 / math.sqrt(q.shape[-1]))
+    record = {}
+    attn_out = _finish(record, x, A, v, _output_heads(att.o_proj.weight.T, heads), att.o_proj.bias)
+    mid = x + attn_out
+    ln2 = layer.layernorm_after
+    out = mid + layer.mlp(_layer_norm(mid, ln2.weight, ln2.bias, ln2.eps))
+    record.update(mid=mid, out=out)
+    return record
+
+
+LAYER_FUNCTIONS = {
+    "bert": _bert_layer,
+    "distilbert": _distilbert_layer,
+    "gpt2": _gpt2_layer,
+    "llama": _llama_layer,
+    "vit": _vit_layer,
+}
+
+
+# --------------------------------------------------------------------------------------------
+# the model
+
+
+def model_kind(model) -> str:
+    """``config.model_type``, checked to be one this module implements."""
+    model_type = model.config.model_type
+    if model_type not in KINDS:
+        raise NotImplementedError(f"no reference for model_type {model_type!r}")
+    if getattr(model.config, "is_decoder", False) and model_type in POST_LN:
+        raise NotImplementedError("reference BERT-like models are encoders")
+    if getattr(model.config, "position_embedding_type", "absolute") != "absolute":
+        raise NotImplementedError("reference BERT-like models use absolute positions")
+    return model_type
+
+
+def layers_of(model):
+    """The model's transformer layers, in order."""
+    base = model.base_model
+    kind = KINDS[model_kind(model)]
+    if kind == "bert":
+        return list(base.encoder.layer)
+    if kind == "distilbert":
+        return list(base.transformer.layer)
+    if kind == "gpt2":
+        return list(base.h)
+    return list(base.layers)  # llama, vit (transformers 5: ViTModel.layers)
+
+
+def float64_copy(model):
+    """A deep copy in float64, eval mode, parameters not requiring gradients."""
+    copied = copy.deepcopy(model).double().eval()
+    for parameter in copied.parameters():
+        parameter.requires_grad_(False)
+    return copied
+
+
+def _model_inputs(model, inputs, attention_mask):
+    if model_kind(model) == "vit":
+        return {"pixel_values": inputs.to(torch.float64)}
+    kwargs = {"input_ids": inputs}
+    if attention_mask is not None:
+        kwargs["attention_mask"] = attention_mask
+    return kwargs
+
+
+def _allowed_keys(model_type, real, n):
+    """(B, n, n) bool: query i may read key j (j is a real token, and j <= i for decoders)."""
+    allowed = real[:, None, :].expand(-1, n, -1)
+    if model_type in CAUSAL:
+        allowed = allowed & torch.ones(n, n, dtype=torch.bool).tril()
+    return allowed
+
+
+def recomputed_forward(model64, inputs, attention_mask, requires_grad=False):
+    """Run ``model64`` (a float64 copy) with every layer's output replaced by the one computed here.
+
+    Returns ``(output, records, real)``: the model's output object, the per-layer records (see
+    the layer functions above; ``records[l]["x"]`` is the input of layer l), and ``real`` (B, n)
+    bool. With ``requires_grad`` layer 0's input is a leaf requiring gradients, so the attention
+    maps ``records[l]["A"]`` are differentiable (non-leaf) tensors of the output.
+    """
+    model_type = model_kind(model64)
+    layer_function = LAYER_FUNCTIONS[KINDS[model_type]]
+    records = []
+    state = {}
+
+    def replace_output(index):
+        def hook(module, args, kwargs, output):
+            x = args[0] if args else kwargs["hidden_states"]
+            if index == 0:
+                x = x.detach().requires_grad_(requires_grad)
+                n = x.shape[1]
+                if attention_mask is None:
+                    real = torch.ones(x.shape[0], n, dtype=torch.bool)
+                else:
+                    real = attention_mask.to(torch.bool)
+                state["real"] = real
+                state["allowed"] = _allowed_keys(model_type, real, n)
+            record = layer_function(module, model64.config, x, state["allowed"], layer_index=index)
+            records.append(record)
+            return record["out"]
+
+        return hook
+
+    handles = [
+        layer.register_forward_hook(replace_output(index), with_kwargs=True)
+        for index, layer in enumerate(layers_of(model64))
+    ]
+    try:
+        with torch.set_grad_enabled(requires_grad):
+            output = model64(**_model_inputs(model64, inputs, attention_mask))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return output, records, state["real"]
+
+
+def rerun_layer(model64, index, record, allowed, zero_token=None):
+    """Layer ``index`` recomputed from the same input ``record["x"]``, optionally with token
+    ``zero_token``'s value vectors (after the value projection, bias included) zeroed in all heads."""
+    layer_function = LAYER_FUNCTIONS[KINDS[model_kind(model64)]]
+    return layer_function(
+        layers_of(model64)[index], model64.config, record["x"], allowed, zero_token=zero_token, layer_index=index
+    )
+
+
+def _mask_pairs(maps, real):
+    """Zero the rows and columns of padding positions of (B, n, n) maps."""
+    pair = real[:, :, None] & real[:, None, :]
+    return torch.where(pair, maps, torch.zeros((), dtype=maps.dtype))
+
+
+def _normalise_rows(maps, real):
+    """Rows over real tokens divided by their sum (a zero row stays zero); padding rows/columns 0."""
+    maps = _mask_pairs(maps, real)
+    sums = maps.sum(-1, keepdim=True)
+    return torch.where(sums > 0, maps / torch.where(sums > 0, sums, torch.ones_like(sums)), maps)
+
+
+# --------------------------------------------------------------------------------------------
+# the methods
+
+
+def rollout_of(matrices) -> torch.Tensor:
+    """Rollout across layers: (M_1, M_2 M_1, M_3 M_2 M_1, ...) of (L, B, n, n) matrices, in float64."""
+    matrices = torch.as_tensor(matrices).to(torch.float64)
+    products = [matrices[0]]
+    for layer in range(1, matrices.shape[0]):
+        products.append(matrices[layer] @ products[-1])
+    return torch.stack(products)
+
+
+def gradient_weighted_rollout_reference(model, inputs, attention_mask, target_fn) -> torch.Tensor:
+    """Chefer, Gur & Wolf (ICCV 2021) rule 5 + 6: R after each layer, (L, B, n, n).
+
+    R_0 = I; R_l = R_{l-1} + Ā_l R_{l-1}, Ā_l = mean over heads of (∇A_l ⊙ A_l)⁺, where A_l are the
+    attention probabilities (post-softmax, B, H, n, n) of layer l and ∇A_l the gradient of
+    ``target_fn(output)`` (a (B,) tensor; its sum is differentiated, which gives each example its own
+    gradient) w.r.t. A_l, through every later layer. The clamp is applied after the product and
+    before the mean over heads, as in the authors' ``avg_heads``. No normalisation of R.
+    Padding rows and columns are zeroed (they are exactly 0 anyway for real rows).
+    """
+    model64 = float64_copy(model)
+    output, records, real = recomputed_forward(model64, inputs, attention_mask, requires_grad=True)
+    score = target_fn(output)
+    if score.dim() != 1 or score.shape[0] != real.shape[0]:
+        raise ValueError(f"target_fn must return a (B,) tensor, got shape {tuple(score.shape)}")
+    maps = [record["A"] for record in records]
+    grads = torch.autograd.grad(score.sum(), maps, allow_unused=True)
+    B, n = real.shape
+    R = torch.eye(n, dtype=torch.float64).expand(B, n, n)
+    out = []
+    for A, grad in zip(maps, grads):
+        grad = torch.zeros_like(A) if grad is None else grad
+        A_bar = (grad * A.detach()).clamp(min=0).mean(dim=1)  # (B, n, n)
+        R = R + A_bar @ R
+        out.append(_mask_pairs(R, real))
+    return torch.stack(out).detach()
+
+
+def value_zeroing_reference(model, inputs, attention_mask) -> torch.Tensor:
+    """Mohebbi et al. (EACL 2023) Value Zeroing, per layer (L, B, n, n).
+
+    For layer l and each token j: layer l is rerun from its original input with token j's value
+    vectors (the value projection's output, bias included) set to 0 in every head; attention
+    probabilities, queries, keys, residuals and norms unchanged. C_l[i, j] = 1 - cos(x̃_i, x_i),
+    x_i the layer's original output (after the feed-forward block and, post-LN, LN2), x̃_i the
+    output with token j zeroed (clipped to [0, 2] like the authors' sklearn ``cosine_distances``,
+    which only removes rounding: a decoder's i < j get 0). Rows over real tokens are divided by their sum (diagonal kept,
+    as in the authors' code); padding rows and columns are 0.
+    """
+    model64 = float64_copy(model)
+    _, records, real = recomputed_forward(model64, inputs, attention_mask)
+    B, n = real.shape
+    allowed = _allowed_keys(model_kind(model64), real, n)
+    out = []
+    with torch.no_grad():
+        for index, record in enumerate(records):
+            original = record["out"]
+            C = torch.zeros(B, n, n, dtype=torch.float64)
+            for j in range(n):
+                zeroed = rerun_layer(model64, index, record, allowed, zero_token=j)["out"]
+                cos = (zeroed * original).sum(-1) / (zeroed.norm(dim=-1) * original.norm(dim=-1))
+                C[:, :, j] = (1 - cos).clamp(0, 2)  # sklearn's cosine_distances (the authors') clips too
+            out.append(_normalise_rows(C, real))
+    return torch.stack(out)
+
+
+def weighted_value_vectors(record) -> torch.Tensor:
+    """Σ_h α^h_ij f^h(x_j) (B, n, n, d) of one layer, f^h(x_j) = v^h_j W_O^h (value bias included, b_O not)."""
+    A, v, W_O = record["A"], record["v"], record["W_O"]
+    B, H, n, _ = A.shape
+    weighted = torch.zeros(B, n, n, W_O.shape[-1], dtype=torch.float64)
+    for h in range(H):
+        f_h = v[:, h] @ W_O[h]  # (B, n, d): f^h(x_j) for every j
+        weighted = weighted + A[:, h, :, :, None] * f_h[:, None, :, :]  # [b, i, j] = α^h_ij f^h(x_j)
+    return weighted
+
+
+def transformed_vectors(record) -> torch.Tensor:
+    """T_i(x_j) (B, n, n, d) of one layer, before any LayerNorm: Σ_h α^h_ij v^h_j W_O^h + δ_ij x_i.
+
+    v^h_j is the value vector (value bias included; for pre-LN models the input norm is inside it,
+    being token-local). The output bias b_O is not in it (ALTI puts it in y_i only)."""
+    T = weighted_value_vectors(record)
+    x = record["x"]
+    for i in range(x.shape[1]):
+        T[:, i, i] = T[:, i, i] + x[:, i]
+    return T
+
+
+def alti_reference(model, inputs, attention_mask) -> torch.Tensor:
+    """ALTI (Ferrando et al., EMNLP 2022), per-layer normalised contributions (L, B, n, n).
+
+    c_ij = max(0, ‖y_i‖₁ − ‖y_i − T_i(x_j)‖₁) / Σ_k max(0, ‖y_i‖₁ − ‖y_i − T_i(x_k)‖₁), over real j, k.
+
+    Post-LN (BERT, RoBERTa, DistilBERT), as in the authors' code: T_i(x_j) is the LayerNorm-linearised
+    Σ_h α^h_ij v^h_j W_O^h + δ_ij x_i, i.e. (z − mean(z)) ⊙ γ / s_i with the mean subtracted from each
+    vector z separately and s_i = sqrt(var(x_i + attn_out_i) + eps), token i's own statistics of
+    its full pre-LN vector (the authors drop eps; negligible at 1e-12); β and b_O are not in T_i;
+    y_i is the actual LN1 output (= Σ_j T_i(x_j) + (b_O − mean b_O) ⊙ γ / s_i + β, checked here).
+    Pre-LN (GPT-2, agreement, ViT, Llama): T_i(x_j) = Σ_h α^h_ij v^h_j W_O^h + δ_ij x_i (value bias
+    and the input norm inside v_j), y_i = x_i + attn_out_i (b_O included), the residual stream
+    after attention (the authors' ALTI-logit decomposition; checked Σ_j T_i(x_j) + b_O = y_i).
+    Rows are over real tokens; padding rows and columns are 0. A row whose clipped values are all
+    0 stays 0.
+    """
+    model64 = float64_copy(model)
+    _, records, real = recomputed_forward(model64, inputs, attention_mask)
+    post_ln = model_kind(model64) in POST_LN
+    out = []
+    with torch.no_grad():
+        for record in records:
+            T = transformed_vectors(record)
+            y = record["mid"]
+            if post_ln:
+                gamma, beta, eps = record["ln1"]
+                pre = record["pre_ln1"]
+                s = torch.sqrt(((pre - pre.mean(-1, keepdim=True)) ** 2).mean(-1) + eps)  # (B, n)
+                T = (T - T.mean(-1, keepdim=True)) * gamma / s[:, :, None, None]
+                b_O = record["b_O"]
+                bias_term = (b_O - b_O.mean())[None, None] * gamma / s[:, :, None] + beta
+            else:
+                bias_term = record["b_O"]
+            reconstruction = T.sum(2) + bias_term
+            assert torch.allclose(reconstruction, y, atol=1e-9, rtol=1e-9), "ALTI decomposition does not add up"
+            distance = (y[:, :, None, :] - T).abs().sum(-1)  # [b, i, j] = ‖y_i − T_i(x_j)‖₁
+            C = (y.abs().sum(-1)[:, :, None] - distance).clamp(min=0)
+            out.append(_normalise_rows(C, real))
+    return torch.stack(out)
+
+
+def attention_norm_reference(model, inputs, attention_mask) -> torch.Tensor:
+    """Kobayashi et al. (EMNLP 2020) norm-based attention, per layer (L, B, n, n), not normalised.
+
+    N_l[i, j] = ‖Σ_h α^h_ij f^h(x_j)‖₂, f^h(x) = v^h(x) W_O^h with the value bias included and
+    the output bias b_O not; for pre-LN models v includes the (token-local) input norm. No
+    residual, no LayerNorm. Padding rows and columns are 0.
+    """
+    model64 = float64_copy(model)
+    _, records, real = recomputed_forward(model64, inputs, attention_mask)
+    out = []
+    with torch.no_grad():
+        for record in records:
+            N = weighted_value_vectors(record).norm(dim=-1)  # [b, i, j] = ‖Σ_h α^h_ij f^h(x_j)‖₂
+            out.append(_mask_pairs(N, real))
+    return torch.stack(out)
