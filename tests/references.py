@@ -418,8 +418,8 @@ def value_zeroing_reference(model, inputs, attention_mask) -> torch.Tensor:
     probabilities, queries, keys, residuals and norms unchanged. C_l[i, j] = 1 - cos(x̃_i, x_i),
     x_i the layer's original output (after the feed-forward block and, post-LN, LN2), x̃_i the
     output with token j zeroed (clipped to [0, 2] like the authors' sklearn ``cosine_distances``,
-    which only removes rounding: a decoder's i < j get 0). Rows over real tokens are divided by their sum (diagonal kept,
-    as in the authors' code); padding rows and columns are 0.
+    which only removes rounding: a decoder's i < j get 0). Rows over real tokens are divided by
+    their sum (diagonal kept, as in the authors' code); padding rows and columns are 0.
     """
     model64 = float64_copy(model)
     _, records, real = recomputed_forward(model64, inputs, attention_mask)
@@ -464,7 +464,8 @@ def transformed_vectors(record) -> torch.Tensor:
 def alti_reference(model, inputs, attention_mask) -> torch.Tensor:
     """ALTI (Ferrando et al., EMNLP 2022), per-layer normalised contributions (L, B, n, n).
 
-    c_ij = max(0, ‖y_i‖₁ − ‖y_i − T_i(x_j)‖₁) / Σ_k max(0, ‖y_i‖₁ − ‖y_i − T_i(x_k)‖₁), over real j, k.
+    c_ij = max(0, ‖y_i‖₁ − ‖y_i − T_i(x_j)‖₁) / Σ_k max(0, ‖y_i‖₁ − ‖y_i − T_i(x_k)‖₁),
+    over real j, k.
 
     Post-LN (BERT, RoBERTa, DistilBERT), as in the authors' code: T_i(x_j) is the LayerNorm-linearised
     Σ_h α^h_ij v^h_j W_O^h + δ_ij x_i, i.e. (z − mean(z)) ⊙ γ / s_i with the mean subtracted from each

@@ -11,7 +11,11 @@ output of token i is :math:`\\sum_j \\sum_h \\alpha^h_{ij} f^h(x_j) + b_O`.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
 import torch
+from numba import njit
 from torch import Tensor
 
 # Row blocks of the (B, rows, n, D) transformed vectors hold about this many numbers.
@@ -112,7 +116,8 @@ def alti_contributions(
     projected = projected_values(values, output_weight)
     batch, _, n, size = projected.shape
     inputs = inputs.float()
-    pre_norm = inputs + torch.einsum("bhij,bhjk->bik", probabilities.float(), projected)
+    heads_out = (probabilities.float() @ values.float()).transpose(1, 2).reshape(batch, n, -1)  # (B, n, H d)
+    pre_norm = inputs + heads_out @ output_weight.float()
     if output_bias is not None:
         pre_norm = pre_norm + output_bias.float()
     if norm is None:
@@ -122,16 +127,98 @@ def alti_contributions(
         deviation = (pre_norm.var(-1, unbiased=False, keepdim=True) + eps).sqrt()  # (B, n, 1)
         outputs = (pre_norm - pre_norm.mean(-1, keepdim=True)) / deviation * gamma.float() + beta.float()
         scale = gamma.float() / deviation  # (B, n, D)
-    distances = []
-    for rows in _row_blocks(batch, n, size):
-        vectors = transformed_vectors(probabilities, projected, rows)  # (B, r, n, D)
-        own = torch.arange(rows.start, rows.stop, device=inputs.device)
-        vectors[:, own - rows.start, own] += inputs[:, rows]
-        if scale is not None:
-            vectors = (vectors - vectors.mean(-1, keepdim=True)) * scale[:, rows, None]
-        distances.append((outputs[:, rows, None] - vectors).abs().sum(-1))
-    contributions = (outputs.abs().sum(-1)[:, :, None] - torch.cat(distances, 1)).clamp(min=0)
+    if inputs.device.type == "cpu" and not probabilities.requires_grad:
+        distances = _compiled_distances(probabilities, projected, inputs, outputs, scale)
+    else:
+        distances = torch.cat([_distances(probabilities, projected, inputs, outputs, scale, rows)
+                               for rows in _row_blocks(batch, n, size)], 1)
+    contributions = (outputs.abs().sum(-1)[:, :, None] - distances).clamp(min=0)
     return normalised_rows(contributions, attention_mask)
+
+
+def _distances(
+    probabilities: Tensor, projected: Tensor, inputs: Tensor, outputs: Tensor, scale: Tensor | None, rows: slice
+) -> Tensor:
+    """(B, r, n) :math:`\\lVert y_i - T_i(x_j) \rVert_1` for the query rows ``rows``, in torch ops."""
+    vectors = transformed_vectors(probabilities, projected, rows)  # (B, r, n, D)
+    own = torch.arange(rows.start, rows.stop, device=inputs.device)
+    vectors[:, own - rows.start, own] += inputs[:, rows]
+    if scale is not None:
+        vectors = (vectors - vectors.mean(-1, keepdim=True)) * scale[:, rows, None]
+    return (outputs[:, rows, None] - vectors).abs().sum(-1)
+
+
+def _compiled_distances(
+    probabilities: Tensor, projected: Tensor, inputs: Tensor, outputs: Tensor, scale: Tensor | None
+) -> Tensor:
+    """(B, n, n) :math:`\\lVert y_i - T_i(x_j) \rVert_1`, the same as :func:`_distances` on all rows,
+    in one compiled pass that never writes the (n, n, D) transformed vectors."""
+    batch, heads, n, size = projected.shape
+    centred = scale is not None
+    if scale is None:
+        scale = torch.ones(1, 1, 1)
+    out = np.empty((batch, n, n), dtype=np.float32)
+    arrays = (
+        probabilities.float().contiguous().numpy(),
+        projected.contiguous().numpy(),
+        inputs.contiguous().numpy(),
+        outputs.contiguous().numpy(),
+        scale.float().contiguous().numpy(),
+        projected.mean(-1).contiguous().numpy(),
+        inputs.mean(-1).contiguous().numpy(),
+    )
+    tasks = batch * -(-n // _ROWS_PER_TASK)
+    parts = max(1, min(torch.get_num_threads(), tasks))
+    bounds = [tasks * part // parts for part in range(parts + 1)]
+    # Python threads running the kernel without the GIL, as the flow kernel does: numba's own
+    # parallel loops would start an OpenMP pool beside torch's.
+    with ThreadPoolExecutor(parts) as pool:
+        list(pool.map(lambda part: _distances_kernel(*arrays, centred, out, bounds[part], bounds[part + 1]), range(parts)))
+    return torch.from_numpy(out)
+
+
+# The transformed vectors T_i(x_j) hold n^2 D numbers a layer (800 MB for BERT-base at n = 512):
+# written out, each pass over them (add the residual, centre, scale, subtract, absolute value, sum)
+# runs at memory speed. Here each T_i(x_j) lives in one D-sized buffer in the L1 cache while its
+# distance is summed; the rows of a block share each token's projected values (H D numbers) while
+# they are in cache. The mean of T_i(x_j), which the linearised LayerNorm subtracts, is linear in
+# the heads: sum_h alpha^h_ij mean(f^h(x_j)) (+ mean(x_i)), with no pass over the buffer.
+_ROWS_PER_TASK = 16
+
+
+@njit(cache=True, nogil=True, fastmath=True)
+def _distances_kernel(
+    probabilities, projected, inputs, outputs, scale, projected_means, input_means, centred, out, first_task, last_task
+):  # pragma: no cover
+    batch, heads, n, size = projected.shape
+    blocks = (n + _ROWS_PER_TASK - 1) // _ROWS_PER_TASK
+    for task in range(first_task, last_task):
+        b = task // blocks
+        first = (task % blocks) * _ROWS_PER_TASK
+        last = min(n, first + _ROWS_PER_TASK)
+        vector = np.empty(size, dtype=np.float32)
+        for j in range(n):
+            for i in range(first, last):
+                vector[:] = 0.0
+                mean = np.float32(0.0)
+                for h in range(heads):
+                    weight = probabilities[b, h, i, j]
+                    if weight != 0.0:
+                        mean += weight * projected_means[b, h, j]
+                        for k in range(size):
+                            vector[k] += weight * projected[b, h, j, k]
+                if i == j:
+                    mean += input_means[b, i]
+                    for k in range(size):
+                        vector[k] += inputs[b, i, k]
+                total = np.float32(0.0)
+                if centred:
+                    for k in range(size):
+                        total += abs(outputs[b, i, k] - (vector[k] - mean) * scale[b, i, k])
+                else:
+                    for k in range(size):
+                        total += abs(outputs[b, i, k] - vector[k])
+                out[b, i, j] = total
 
 
 def value_zeroing_contexts(probabilities: Tensor, values: Tensor, tokens: Tensor) -> Tensor:
@@ -149,7 +236,7 @@ def cosine_distances(zeroed_outputs: Tensor, outputs: Tensor) -> Tensor:
     """(B, n, J) :math:`1 - \\cos(\\tilde x^{(j)}_i, x_i)` from outputs (B, n, D) and the outputs
     with token j zeroed (B, J, n, D).
 
-    Computed as :math:`\lVert \hat a - \hat b \rVert^2 / 2` of the unit vectors: zeroing one
+    Computed as :math:`\\lVert \\hat a - \\hat b \\rVert^2 / 2` of the unit vectors: zeroing one
     token often turns the output by 1e-5 or less, where 1 - cos in float32 keeps no digit."""
     zeroed = torch.nn.functional.normalize(zeroed_outputs.float(), dim=-1)
     original = torch.nn.functional.normalize(outputs.float(), dim=-1)[:, None]

@@ -1,0 +1,124 @@
+"""The decomposition maths on hand-built layers: ALTI against explicit loops (both code paths),
+the norms of the weighted values, value zeroing's contexts and distances."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from captum_attnflow.functional.decomposition import (
+    alti_contributions,
+    attention_norms,
+    cosine_distances,
+    normalised_rows,
+    value_zeroing_contexts,
+)
+
+
+def _layer(seed: int, batch: int = 2, heads: int = 3, n: int = 5, size: int = 4, width: int = 6):
+    generator = torch.Generator().manual_seed(seed)
+    scores = torch.randn(batch, heads, n, n, generator=generator, dtype=torch.float64)
+    return (
+        torch.softmax(scores, -1),
+        torch.randn(batch, heads, n, size, generator=generator, dtype=torch.float64),
+        torch.randn(batch, n, width, generator=generator, dtype=torch.float64),
+        torch.randn(heads * size, width, generator=generator, dtype=torch.float64),
+        torch.randn(width, generator=generator, dtype=torch.float64),
+    )
+
+
+def _alti_loops(probabilities, values, inputs, weight, bias, mask, norm):
+    """ALTI written out per (i, j), float64, from the paper's definition."""
+    batch, heads, n, size = values.shape
+    result = torch.zeros(batch, n, n, dtype=torch.float64)
+    for b in range(batch):
+        vectors = torch.zeros(n, n, inputs.shape[-1], dtype=torch.float64)
+        for i in range(n):
+            for j in range(n):
+                for h in range(heads):
+                    vectors[i, j] += probabilities[b, h, i, j] * values[b, h, j] @ weight[h * size : (h + 1) * size]
+                if i == j:
+                    vectors[i, j] += inputs[b, i]
+        pre = vectors.sum(1) + bias
+        if norm is None:
+            outputs = pre
+        else:
+            gamma, beta, eps = norm
+            sigma = (pre.var(-1, unbiased=False, keepdim=True) + eps).sqrt()
+            outputs = (pre - pre.mean(-1, keepdim=True)) / sigma * gamma + beta
+            vectors = (vectors - vectors.mean(-1, keepdim=True)) * gamma / sigma[:, None]
+        for i in range(n):
+            if not mask[b, i]:
+                continue
+            for j in range(n):
+                if mask[b, j]:
+                    gain = outputs[i].abs().sum() - (outputs[i] - vectors[i, j]).abs().sum()
+                    result[b, i, j] = max(0.0, float(gain))
+            if result[b, i].sum() == 0:  # nothing brings y_i closer: the token keeps itself (documented)
+                result[b, i, i] = 1.0
+            result[b, i] /= result[b, i].sum()
+    return result
+
+
+def test_alti_matches_explicit_loops_pre_and_post_norm_on_both_code_paths():
+    probabilities, values, inputs, weight, bias = _layer(0)
+    mask = torch.tensor([[True] * 5, [True, True, True, False, False]])
+    probabilities = probabilities * mask[:, None, None, :]
+    probabilities = probabilities / probabilities.sum(-1, keepdim=True)
+    norm = (torch.rand(6, dtype=torch.float64) + 0.5, torch.randn(6, dtype=torch.float64), 1e-5)
+    for layer_norm in (None, norm):
+        expected = _alti_loops(probabilities, values, inputs, weight, bias, mask, layer_norm)
+        compiled = alti_contributions(
+            probabilities.float(), values.float(), inputs.float(), weight.float(), bias.float(), mask,
+            None if layer_norm is None else (layer_norm[0].float(), layer_norm[1].float(), 1e-5),
+        )
+        assert torch.allclose(compiled.double(), expected, atol=2e-6)
+        tracked = probabilities.float().requires_grad_()  # autograd: the torch-ops path
+        plain = alti_contributions(
+            tracked, values.float(), inputs.float(), weight.float(), bias.float(), mask,
+            None if layer_norm is None else (layer_norm[0].float(), layer_norm[1].float(), 1e-5),
+        )
+        assert torch.allclose(plain.detach(), compiled, atol=2e-6)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 7), heads=st.integers(1, 4))
+def test_alti_rows_are_a_distribution_over_real_tokens(seed, n, heads):
+    probabilities, values, inputs, weight, bias = _layer(seed, heads=heads, n=n)
+    mask = torch.ones(2, n, dtype=torch.bool)
+    mask[1, n // 2 + 1 :] = False
+    probabilities = probabilities * mask[:, None, None, :]
+    probabilities = probabilities / probabilities.sum(-1, keepdim=True)
+    result = alti_contributions(probabilities.float(), values.float(), inputs.float(), weight.float(), bias.float(), mask)
+    assert bool((result >= 0).all())
+    assert torch.allclose(result.sum(-1), mask.float(), atol=1e-5)
+    assert bool((result[~mask] == 0).all()) and bool((result.transpose(1, 2)[~mask] == 0).all())
+
+
+def test_attention_norms_are_the_length_of_each_tokens_share():
+    probabilities, values, _, weight, _ = _layer(1)
+    mask = torch.ones(2, 5, dtype=torch.bool)
+    norms = attention_norms(probabilities, values, weight, mask)
+    vector = sum(probabilities[1, h, 3, 0] * values[1, h, 0] @ weight[4 * h : 4 * h + 4] for h in range(3))
+    assert torch.allclose(norms[1, 3, 0].double(), vector.norm())
+
+
+def test_zeroed_contexts_equal_attention_over_zeroed_values():
+    probabilities, values, _, _, _ = _layer(2)
+    contexts = value_zeroing_contexts(probabilities, values, torch.tensor([1, 4]))
+    for slot, token in enumerate([1, 4]):
+        zeroed = values.clone()
+        zeroed[:, :, token] = 0
+        expected = (probabilities @ zeroed).transpose(1, 2).reshape(2, 5, 12)
+        assert torch.allclose(contexts[:, slot], expected)
+
+
+def test_cosine_distances_and_row_normalisation():
+    outputs = torch.randn(1, 3, 8, dtype=torch.float64)
+    zeroed = outputs[:, None].repeat(1, 2, 1, 1) + 1e-3 * torch.randn(1, 2, 3, 8, dtype=torch.float64)
+    expected = 1 - torch.nn.functional.cosine_similarity(zeroed, outputs[:, None], dim=-1).transpose(1, 2)
+    assert torch.allclose(cosine_distances(zeroed, outputs).double(), expected, atol=1e-9)
+    scores = torch.tensor([[[1.0, 3.0], [0.0, 0.0]]])
+    rows = normalised_rows(scores, torch.tensor([[True, True]]))
+    assert torch.equal(rows, torch.tensor([[[0.25, 0.75], [0.0, 1.0]]]))  # an empty row keeps its token

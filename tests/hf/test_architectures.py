@@ -1,0 +1,74 @@
+"""The architecture table: every model type it names is tested here, each block's pieces put back
+together must give what the block computed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+from helpers import TINY
+
+from captum_attnflow.hf.architectures import ARCHITECTURES, architecture_of, projection_weight
+from captum_attnflow.hf.internals import capture_internals
+from captum_attnflow.models import AgreementConfig, AgreementModel
+
+SMALL = dict(num_hidden_layers=3, max_position_embeddings=64, **TINY)
+VISION = dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64, image_size=16, patch_size=8)
+
+
+def _model(model_type: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    if model_type == "captum_attnflow_agreement":
+        return AgreementModel(AgreementConfig(num_hidden_layers=3)).eval()
+    if model_type == "distilbert":
+        config = transformers.DistilBertConfig(vocab_size=60, dim=32, n_heads=4, hidden_dim=64, n_layers=3)
+    elif model_type in ("vit", "deit"):
+        config = transformers.AutoConfig.for_model(model_type, **VISION)
+    elif model_type in ("llama", "mistral", "qwen2"):
+        config = transformers.AutoConfig.for_model(model_type, num_key_value_heads=2, **SMALL)
+    else:
+        config = transformers.AutoConfig.for_model(model_type, **SMALL)
+    return transformers.AutoModel.from_config(config).eval()
+
+
+@pytest.mark.parametrize("model_type", sorted(ARCHITECTURES))
+def test_each_block_is_rebuilt_from_its_pieces(model_type):
+    model = _model(model_type)
+    vision = model_type in ("vit", "deit")
+    inputs = torch.randn(2, 3, 16, 16) if vision else torch.randint(5, 60, (2, 7))
+    architecture, blocks = architecture_of(model, "test")
+    assert len(blocks) == 3
+    internals = capture_internals(model, inputs, blocks=blocks)
+    assert len(internals.probabilities) == len(internals.block_inputs) == 3
+    with torch.no_grad():
+        for index in range(2):
+            block, x = blocks[index], internals.block_inputs[index]
+            probabilities, values = internals.probabilities[index], internals.values[index]
+            batch, heads, n, size = values.shape
+            context = (probabilities @ values).transpose(1, 2).reshape(batch, n, heads * size)
+            projection = architecture.output_projection(block)
+            weight, bias = projection_weight(projection)
+            assert torch.allclose(projection(context), context @ weight + (0 if bias is None else bias), atol=1e-6)
+            rebuilt = architecture.after_attention(block, x, projection(context))
+            assert torch.allclose(rebuilt, internals.block_inputs[index + 1], atol=1e-5)
+            if architecture.post_norm is not None:
+                assert isinstance(architecture.post_norm(block), torch.nn.LayerNorm)
+
+
+def test_outputs_are_the_models_own_and_the_model_is_restored():
+    model = _model("llama")
+    ids = torch.randint(5, 60, (2, 7))
+    with torch.no_grad():
+        expected = model(ids).last_hidden_state
+    internals = capture_internals(model, ids)
+    assert torch.allclose(internals.output.last_hidden_state, expected, atol=1e-5)
+    assert model.config._attn_implementation == "sdpa"
+
+
+def test_a_model_outside_the_table_is_refused_with_the_supported_types():
+    torch.manual_seed(0)
+    model = transformers.T5EncoderModel(transformers.T5Config(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, vocab_size=60))
+    with pytest.raises(ValueError, match="captum_attnflow_agreement.*xlm-roberta"):
+        architecture_of(model, "ALTI")
+    with pytest.raises(ValueError, match="holds no Hugging Face model"):
+        architecture_of(torch.nn.Linear(2, 2), "ALTI")
