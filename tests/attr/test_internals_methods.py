@@ -172,3 +172,77 @@ def test_mask_given_the_captum_way_is_used_without_a_warning(recwarn):
     expected = ALTI(model).attribute(ids, attention_mask=mask)
     assert torch.allclose(ALTI(model).attribute(ids, additional_forward_args=(mask,)), expected)
     assert not [w for w in recwarn if "no attention_mask" in str(w.message)]
+
+
+def _seq2seq(kind: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    if kind == "t5":
+        config = transformers.T5Config(
+            vocab_size=40, d_model=16, d_kv=4, d_ff=32, num_layers=2, num_decoder_layers=3, num_heads=2,
+            initializer_factor=3.0,
+        )
+        return transformers.T5ForConditionalGeneration(config).eval()
+    config = transformers.BartConfig(
+        vocab_size=40, d_model=16, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, init_std=0.3,
+    )
+    return transformers.BartForConditionalGeneration(config).eval()
+
+
+def _co_attention_reference(model, source, decoder, target, source_mask, decoder_mask):
+    """Chefer et al.'s rules 6, 7 and 10 written out in float64, on the gradients of the maps
+    the model returns itself with eager attention and ``output_attentions`` (retain_grad)."""
+    import copy
+
+    model = copy.deepcopy(model).double()
+    model.config._attn_implementation = "eager"
+    for sub in model.modules():
+        if hasattr(sub, "config"):
+            sub.config._attn_implementation = "eager"
+    output = model(source, attention_mask=source_mask, decoder_input_ids=decoder, decoder_attention_mask=decoder_mask,
+                   output_attentions=True)
+    maps = (output.encoder_attentions, output.decoder_attentions, output.cross_attentions)
+    for group in maps:
+        for attention in group:
+            attention.retain_grad()
+    batch, m = decoder.shape
+    n = source.shape[1]
+    rows = torch.zeros(batch, m, n + m, dtype=torch.float64)
+    for t in range(m):
+        for group in maps:
+            for attention in group:
+                attention.grad = None
+        output.logits[torch.arange(batch), t, target[:, t]].sum().backward(retain_graph=True)
+        bar = [[(a.grad * a).clamp(min=0).mean(1).detach() for a in group] for group in maps]
+        sm, tm = source_mask.double(), decoder_mask.double()
+        ss = torch.diag_embed(sm)
+        for weighted in bar[0]:
+            ss = ss + (weighted * sm[:, :, None] * sm[:, None, :]) @ ss
+        tt, ts = torch.diag_embed(tm), torch.zeros(batch, m, n, dtype=torch.float64)
+
+        def hat(r):
+            eye = torch.eye(r.shape[-1], dtype=torch.float64)
+            s = (r - eye).sum(-1, keepdim=True)
+            return (r - eye) / torch.where(s != 0, s, torch.ones_like(s)) + eye
+
+        for self_w, cross_w in zip(bar[1], bar[2]):
+            self_w = self_w * tm[:, :, None] * tm[:, None, :]
+            tt, ts = tt + self_w @ tt, ts + self_w @ ts
+            ts = ts + hat(tt).transpose(1, 2) @ (cross_w * tm[:, :, None] * sm[:, None, :]) @ hat(ss)
+        rows[:, t] = torch.cat([ts[:, t], tt[:, t] * tm[:, t, None]], -1)
+    return rows
+
+
+@pytest.mark.parametrize("kind", ["t5", "bart"])
+def test_encoder_decoder_co_attention_rules_match_reference(kind):
+    model = _seq2seq(kind)
+    source = torch.tensor([[5, 6, 7, 8, 1], [9, 10, 11, 1, 0]])
+    source_mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]])
+    decoder = torch.tensor([[0, 12, 13], [0, 14, 0]])
+    decoder_mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    target = torch.tensor([[12, 13, 1], [14, 1, 1]])
+    before = model_state(model)
+    ours = GradientWeightedRollout(model).encoder_decoder_rows(source, decoder, target, -1, source_mask, decoder_mask)
+    expected = _co_attention_reference(model, source, decoder, target, source_mask, decoder_mask).float()
+    assert torch.allclose(ours, expected, rtol=1e-3, atol=1e-4), (ours - expected).abs().max()
+    assert model_state(model) == before

@@ -9,9 +9,9 @@ from captum.attr import GradientAttribution
 from torch import Tensor
 
 from captum_attnflow.attr._base import AttentionAttribution, with_internals_args
-from captum_attnflow.functional.checks import as_mask, default_position, positions
-from captum_attnflow.functional.gradient_rollout import gradient_weighted_rollout
-from captum_attnflow.hf import output_scores, target_scores
+from captum_attnflow.functional.checks import as_mask, default_position, layer_indices, positions
+from captum_attnflow.functional.gradient_rollout import encoder_decoder_relevance, gradient_weighted_rollout
+from captum_attnflow.hf import output_scores, seq2seq_gradient_internals, target_scores
 from captum_attnflow.hf.internals import Internals, capture_internals
 
 
@@ -109,6 +109,54 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
             rows.append(gradient_weighted_rollout(attentions, gradients, explained, layer, mask))
         result = torch.cat(rows, -2)
         return (result if has_axis else result.squeeze(-2)).to(inputs.device)
+
+
+    def encoder_decoder_rows(
+        self,
+        input_ids: Tensor,
+        decoder_input_ids: Tensor,
+        target: Tensor,
+        layer: int | None = -1,
+        attention_mask: Tensor | None = None,
+        decoder_attention_mask: Tensor | None = None,
+    ) -> Tensor:
+        """Relevance of every decoder position of an encoder-decoder (T5, BART, ...) with Chefer et
+        al.'s co-attention rules (:func:`~captum_attnflow.functional.gradient_rollout.encoder_decoder_relevance`),
+        each position t explained for its own score, the logit of ``target[:, t]``.
+
+        Args:
+            input_ids: (B, n_s) source token ids; ``attention_mask`` (B, n_s) marks their padding.
+            decoder_input_ids: (B, m) the decoder's inputs (start token, then the target tokens
+                before each predicted one); ``decoder_attention_mask`` (B, m) their padding.
+            target: (B, m) the token each decoder position predicts.
+            layer: the decoder layer (1..L_d, negative from the top), None for all.
+
+        Returns:
+            float32 (B, m, n_s + m), (L_d, B, m, n_s + m) for ``layer=None``: row t over the
+            source tokens, then over the decoder's input tokens; padding 0.
+        """
+        internals, kinds = seq2seq_gradient_internals(
+            self.forward_func, input_ids, decoder_input_ids, attention_mask, decoder_attention_mask
+        )
+        logits = output_scores(internals.output)
+        layers = layer_indices(layer, kinds.count("cross"))
+        rows = []
+        for t in range(decoder_input_ids.shape[1]):
+            score = logits[:, t].gather(-1, target[:, t : t + 1].to(logits.device)).sum()
+            gradients = torch.autograd.grad(score, internals.probabilities, retain_graph=t + 1 < decoder_input_ids.shape[1])
+            pairs = {
+                kind: (
+                    [p.detach() for p, k in zip(internals.probabilities, kinds) if k == kind],
+                    [g for g, k in zip(gradients, kinds) if k == kind],
+                )
+                for kind in ("encoder", "decoder", "cross")
+            }
+            relevance = encoder_decoder_relevance(
+                pairs["encoder"], pairs["decoder"], pairs["cross"], attention_mask, decoder_attention_mask
+            )
+            rows.append(relevance[layers, :, t])
+        result = torch.stack(rows, -2)  # (layers, B, m, n_s + m)
+        return result[0] if layer is not None else result
 
 
 def _in_order(internals: Internals, layer: Tensor) -> Tensor:

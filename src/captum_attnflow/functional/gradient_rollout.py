@@ -45,20 +45,14 @@ def relevance_maps(attentions: Attentions, gradients: Attentions, attention_mask
         >>> torch.allclose(relevance[1, 0], expected)
         True
     """
-    layers, grads = attention_layers(attentions), attention_layers(gradients)
-    if len(layers) != len(grads) or any(a.shape != g.shape for a, g in zip(layers, grads)):
-        raise ValueError(
-            "gradients must match attentions: one (B, H, n, n) gradient per layer, "
-            f"got {[tuple(g.shape) for g in grads]} for {[tuple(a.shape) for a in layers]}."
-        )
-    batch, _, n, _ = layers[0].shape
+    layers = _weighted(attentions, gradients)
+    batch, n, _ = layers[0].shape
     mask = as_mask(attention_mask, batch, n, layers[0].device)
     keep = (mask[:, :, None] & mask[:, None, :]).float()
     relevance = torch.eye(n, device=mask.device).expand(batch, n, n)
     maps = []
-    for attention, gradient in zip(layers, grads):
-        weighted = (gradient.float() * attention.float()).clamp(min=0).mean(1) * keep
-        relevance = relevance + weighted @ relevance
+    for weighted in layers:
+        relevance = relevance + (weighted * keep) @ relevance
         maps.append(relevance)
     return torch.stack(maps)
 
@@ -99,3 +93,82 @@ def gradient_weighted_rollout(
         causal = all(not bool(layer.triu(1).any()) for layer in attention_layers(attentions))
         position = default_position(mask, causal)
     return matrix_rows(maps, position, layer, mask)
+
+
+def encoder_decoder_relevance(
+    encoder: tuple[Attentions, Attentions],
+    decoder: tuple[Attentions, Attentions],
+    cross: tuple[Attentions, Attentions],
+    attention_mask: Tensor | None = None,
+    decoder_attention_mask: Tensor | None = None,
+) -> Tensor:
+    """Chefer et al.'s relevance of an encoder-decoder (ICCV 2021, rules 6, 7 and 10), after each
+    decoder layer: (L_d, B, m, n_s + m), the decoder positions' relevance over the source tokens
+    (:math:`R^{ts}`, first n_s columns) and the decoder's input tokens (:math:`R^{tt}`).
+
+    Each argument is a pair ``(attentions, gradients)`` in transformers' layout: the encoder's
+    self-attentions (B, H, n_s, n_s), the decoder's self-attentions (B, H, m, m) and its
+    cross-attentions (B, H, m, n_s), one tensor per layer, with the gradients of the explained
+    score. With :math:`\\bar A = \\mathbb{E}_h[(\\nabla A \\odot A)^+]` of each,
+    :math:`R^{ss} = I`, :math:`R^{tt} = I`, :math:`R^{ts} = 0`:
+
+    .. math::
+        R^{ss} \\mathrel{+}= \\bar A^{ss} R^{ss} \\text{ (each encoder layer)}; \\quad
+        R^{tt} \\mathrel{+}= \\bar A^{tt} R^{tt},\\; R^{ts} \\mathrel{+}= \\bar A^{tt} R^{ts}
+        \\text{ (decoder self-attention)}; \\quad
+        R^{ts} \\mathrel{+}= (\\hat R^{tt})^\\top \\bar A^{ts} \\hat R^{ss} \\text{ (cross-attention)},
+
+    where :math:`\\hat R = \\operatorname{rownorm}(R - I) + I` (rows of :math:`R - I` summing to
+    0 stay 0), as in the authors' code. Padding rows and columns are 0.
+
+    Example::
+
+        >>> import torch
+        >>> from captum_attnflow.functional.gradient_rollout import encoder_decoder_relevance
+        >>> pair = lambda *shape: (torch.softmax(torch.randn(*shape), -1), torch.randn(*shape))
+        >>> scores = encoder_decoder_relevance(pair(2, 1, 4, 5, 5), pair(3, 1, 4, 3, 3), pair(3, 1, 4, 3, 5))
+        >>> scores.shape  # (L_d, B, m, n_s + m)
+        torch.Size([3, 1, 3, 8])
+    """
+    encoder_layers, decoder_layers = _weighted(*encoder), _weighted(*decoder)
+    cross_layers = _weighted(*cross, square=False)
+    batch, n, _ = encoder_layers[0].shape
+    m = decoder_layers[0].shape[-1]
+    device = encoder_layers[0].device
+    source = as_mask(attention_mask, batch, n, device).float()
+    target = as_mask(decoder_attention_mask, batch, m, device).float()
+    sources = torch.diag_embed(source)
+    for weighted in encoder_layers:
+        sources = sources + (weighted * source[:, :, None] * source[:, None, :]) @ sources
+    targets, mixed = torch.diag_embed(target), torch.zeros(batch, m, n, device=device)
+    out = []
+    for self_weighted, cross_weighted in zip(decoder_layers, cross_layers):
+        self_weighted = self_weighted * target[:, :, None] * target[:, None, :]
+        targets, mixed = targets + self_weighted @ targets, mixed + self_weighted @ mixed
+        cross_weighted = cross_weighted * target[:, :, None] * source[:, None, :]
+        mixed = mixed + _normalised(targets).transpose(1, 2) @ cross_weighted @ _normalised(sources)
+        out.append(torch.cat([mixed, targets * target[:, :, None]], -1))
+    return torch.stack(out)
+
+
+def _weighted(attentions: Attentions, gradients: Attentions, square: bool = True) -> list[Tensor]:
+    """Per layer :math:`\\mathbb{E}_h[(\\nabla A \\odot A)^+]` (B, n_q, n_k); cross-attention
+    (``square=False``) as a sequence of (B, H, n_q, n_k) tensors or one stacked tensor."""
+    if square:
+        layers, grads = attention_layers(attentions), attention_layers(gradients)
+    else:
+        layers, grads = list(attentions), list(gradients)
+    if len(layers) != len(grads) or any(a.shape != g.shape for a, g in zip(layers, grads)):
+        raise ValueError(
+            "gradients must match attentions: one gradient of each layer's shape, "
+            f"got {[tuple(g.shape) for g in grads]} for {[tuple(a.shape) for a in layers]}."
+        )
+    return [(gradient.float() * attention.float()).clamp(min=0).mean(1) for attention, gradient in zip(layers, grads)]
+
+
+def _normalised(relevance: Tensor) -> Tensor:
+    """:math:`\\operatorname{rownorm}(R - I) + I` of square (B, k, k) relevance."""
+    eye = torch.eye(relevance.shape[-1], device=relevance.device)
+    residual = relevance - eye
+    sums = residual.sum(-1, keepdim=True)
+    return residual / torch.where(sums != 0, sums, torch.ones_like(sums)) + eye

@@ -8,6 +8,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from captum_attnflow.hf.capture import extract_attentions
+from captum_attnflow.hf.internals import Internals, capture_internals
 
 
 @dataclass(frozen=True)
@@ -110,3 +111,39 @@ class _Seq2SeqCall(nn.Module):
             output_attentions=True,
         )
         return self.output
+
+
+def seq2seq_gradient_internals(
+    model: nn.Module,
+    input_ids: Tensor,
+    decoder_input_ids: Tensor,
+    attention_mask: Tensor | None = None,
+    decoder_attention_mask: Tensor | None = None,
+) -> tuple[Internals, list[str]]:
+    """Run an encoder-decoder once with autograd on and keep its attention probabilities in the
+    graph (:func:`~captum_attnflow.hf.internals.capture_internals`), with the kind of each
+    attention call: ``"encoder"``, ``"decoder"`` (self-attention) or ``"cross"``.
+
+    Returns:
+        ``(internals, kinds)``: ``internals.output.logits`` (B, m, V) and one kind per entry of
+        ``internals.probabilities``.
+    """
+    if not getattr(getattr(model, "config", None), "is_encoder_decoder", False):
+        raise ValueError(f"{type(model).__name__} is not an encoder-decoder model (config.is_encoder_decoder is not True).")
+    internals = capture_internals(
+        model, input_ids, (attention_mask, decoder_input_ids, decoder_attention_mask), gradients=True
+    )
+    encoder = {id(module) for module in model.get_encoder().modules()}
+    names = {id(module): name.lower() for name, module in model.named_modules()}
+    kinds = [
+        "encoder" if id(module) in encoder
+        else "cross" if any(part in names[id(module)] for part in _CROSS_NAMES)
+        else "decoder"
+        for module in internals.modules
+    ]
+    return internals, kinds
+
+
+# How transformers names a decoder's cross-attention modules (T5: EncDecAttention; BART, Marian,
+# Pegasus, mBART: encoder_attn; others: crossattention).
+_CROSS_NAMES = ("encdecattention", "encoder_attn", "crossattention", "cross_attn")
