@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from typing import Any, Mapping, NamedTuple
 
 import numpy as np
-from scipy import stats
 
 N_RESAMPLES = 9999
 
@@ -69,6 +68,8 @@ def bootstrap_interval(
         return Interval(mean, math.nan, math.nan, 1)
     if np.all(finite == finite[0]):  # BCa would divide by zero: nothing varies, nothing to resample
         return Interval(mean, mean, mean, int(finite.size))
+    from scipy import stats  # on first use: importing scipy.stats takes a while
+
     result = stats.bootstrap(
         (finite,), np.mean, confidence_level=confidence, n_resamples=n_resamples, method=method,
         random_state=np.random.default_rng(seed),
@@ -107,6 +108,8 @@ def paired_test(a: Any, b: Any, alternative: str = "two-sided", zero_method: str
     difference = a - b
     if np.all(difference == 0):
         return PairedTest(0.0, 1.0, int(a.size), 0.0)
+    from scipy import stats
+
     result = stats.wilcoxon(a, b, zero_method=zero_method, alternative=alternative)
     return PairedTest(float(result.statistic), float(result.pvalue), int(a.size), float(difference.mean()))
 
