@@ -100,6 +100,12 @@ class Evaluator:
         ...     {"blank-out": BlankOut(model, token=1)}, show_progress=False).run(batches)
         >>> len(result)
         8
+        >>> measured = Evaluator(model, {"raw": RawAttention, "rollout": AttentionRollout}, {},
+        ...     faithfulness=["sufficiency", "deletion-area"], show_progress=False).run(batches)
+        >>> len(measured.metrics)  # 2 methods x 2 layers x 2 metrics, 8 values each
+        8
+        >>> sorted(measured.leaderboard(n_resamples=99).ranking("sufficiency").names)
+        ['raw L1', 'raw L2', 'rollout L1', 'rollout L2']
     """
 
     def __init__(
