@@ -115,6 +115,8 @@ def embedding_gradients(model, ids, mask, target, probabilities=False):
 
 
 NUM_BATCHES = 5
+# What the accelerate test measures beside the correlations: one cheap metric.
+DISTRIBUTED_FAITHFULNESS = {"sufficiency": {"fractions": [0.5]}}
 
 
 def make_batches(num_batches: int = NUM_BATCHES) -> list[dict]:
@@ -127,9 +129,9 @@ def make_batches(num_batches: int = NUM_BATCHES) -> list[dict]:
     return batches
 
 
-def make_evaluator(model: torch.nn.Module, calls: list) -> Evaluator:
+def make_evaluator(model: torch.nn.Module, calls: list, faithfulness=None) -> Evaluator:
     """Raw attention and rollout per layer, and a position baseline (a callable that counts its calls),
-    against blank-out and input gradients."""
+    against blank-out and input gradients; ``faithfulness`` as the Evaluator takes it."""
 
     def first_tokens_first(batch: dict) -> torch.Tensor:
         calls.append(batch["input_ids"].shape[0])
@@ -140,6 +142,7 @@ def make_evaluator(model: torch.nn.Module, calls: list) -> Evaluator:
         {"raw": RawAttention, "rollout": AttentionRollout(model), "position": first_tokens_first},
         {"blank-out": BlankOut(model, token=UNK), "grad": TokenSaliency(model)},
         show_progress=False,
+        faithfulness=faithfulness,
     )
 
 

@@ -11,7 +11,7 @@ import captum_attnflow
 from captum_attnflow.docstrings import fill_docstring
 from captum_attnflow.attr import AttentionFlow, AttentionRollout, RawAttention
 from captum_attnflow.baselines import BlankOut, TokenInputXGradient, TokenIntegratedGradients, TokenSaliency
-from captum_attnflow.evaluate import aopc_comprehensiveness, aopc_sufficiency
+from captum_attnflow.evaluate import aopc_comprehensiveness, aopc_sufficiency, deletion_area, log_odds
 
 
 def test_fills_every_placeholder_and_keeps_latex_braces():
@@ -50,6 +50,8 @@ def test_missing_placeholder_is_an_error():
         BlankOut.attribute,
         aopc_comprehensiveness,
         aopc_sufficiency,
+        log_odds,
+        deletion_area,
     ],
 )
 def test_shared_pieces_reach_help(method):

@@ -15,13 +15,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/, where helpers.py is
 
-from helpers import make_batches, make_classifier, make_evaluator  # noqa: E402
+from helpers import DISTRIBUTED_FAITHFULNESS, make_batches, make_classifier, make_evaluator  # noqa: E402
 
 
 def main(out: Path) -> None:
     torch.set_num_threads(1)
     calls: list = []
-    result = make_evaluator(make_classifier(), calls).run(make_batches(), checkpoint=out / "checkpoint.npz", save_every=1)
+    evaluator = make_evaluator(make_classifier(), calls, faithfulness=DISTRIBUTED_FAITHFULNESS)
+    result = evaluator.run(make_batches(), checkpoint=out / "checkpoint.npz", save_every=1)
     rank = os.environ["RANK"]
     result.save(out / f"result{rank}.npz")
     (out / f"batches{rank}.txt").write_text(str(len(calls)))

@@ -1,4 +1,5 @@
-"""Run attribution methods over a dataset and compare them with references, on one or many processes."""
+"""Run attribution methods over a dataset, compare them with references and measure their
+faithfulness, on one or many processes."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from captum_attnflow.evaluate.compare import compare
+from captum_attnflow.evaluate.metrics import METRICS, check_faithfulness, compute_metric
 from captum_attnflow.evaluate.results import ComparisonResult
+from captum_attnflow.evaluate.spearman import as_scores
 from captum_attnflow.hf import model_call
 
 # Written into every checkpoint: a file without it was not written by an Evaluator.
@@ -25,7 +28,8 @@ CHECKPOINT_FORMAT = "captum_attnflow.Evaluator checkpoint 1"
 
 
 class Evaluator:
-    """Compare attribution methods with reference methods over a dataset, per example and layer.
+    """Compare attribution methods with reference methods over a dataset, per example and layer,
+    and measure how faithful each method is to the model.
 
     Each entry of ``methods`` and ``references`` (``{name: method}``) is one of
 
@@ -44,7 +48,31 @@ class Evaluator:
 
     References must give (B, n). The explained class is ``batch[target]`` (default key
     ``"labels"``, the paper's "correct class") when the batch has it, else each example's
-    predicted class.
+    predicted class; the faithfulness metrics measure the same class. A vision transformer's
+    batches carry ``pixel_values`` (B, C, H, W) instead of ``input_ids``.
+
+    ``faithfulness`` adds, beside the correlations, per-example faithfulness values of every
+    method (every layer of a per-layer one) to the result's ``metrics``, ranked with
+    confidence intervals and paired tests by :meth:`ComparisonResult.leaderboard`. It is a
+    list of names from :data:`~captum_attnflow.evaluate.METRICS`:
+
+    * ``"comprehensiveness"``, ``"sufficiency"``: ERASER's AOPC,
+      :func:`~captum_attnflow.evaluate.aopc_comprehensiveness`, :func:`~captum_attnflow.evaluate.aopc_sufficiency`;
+    * ``"log-odds"``: :func:`~captum_attnflow.evaluate.log_odds`;
+    * ``"deletion-area"``: the area between the LeRF and MoRF curves, :func:`~captum_attnflow.evaluate.deletion_area`;
+    * ``"subject-first"``: the ground truth of the agreement data (batches need
+      ``subject_positions`` and ``attractor_positions``, as :func:`~captum_attnflow.data.encode_examples`
+      gives them), :func:`~captum_attnflow.evaluate.subject_first`;
+    * ``"positive-perturbation"``, ``"negative-perturbation"``: for vision transformers,
+      :func:`~captum_attnflow.evaluate.perturbation_auc`;
+
+    or a dict ``{name: options}`` of keyword arguments for the metric's function, e.g.
+    ``{"comprehensiveness": {"deletion": "mask"}, "log-odds": {"fractions": [0.1, 0.2]}}``;
+    ``"metric"`` among the options picks the metric for a name of your own, so one run can
+    hold both ``{"comprehensiveness": {}, "comprehensiveness, mask": {"metric":
+    "comprehensiveness", "deletion": "mask"}}``. Token metrics treat the tokens of
+    ``special_tokens_mask`` as ``exclude`` when ``exclude_special_tokens`` is set. The
+    options are recorded in the checkpoint: resuming with others is refused.
 
     Args:
         model: the model the methods explain; batches are moved to its device.
@@ -55,6 +83,8 @@ class Evaluator:
             return it with ``return_special_tokens_mask=True``).
         target: the batch key holding the explained classes.
         show_progress: a tqdm bar over the batches (on the main process only).
+        faithfulness: metric names, or ``{name: options}``, as above; None (default): none.
+        references may then be empty (``{}``), to measure faithfulness alone.
 
     Example::
 
@@ -70,6 +100,12 @@ class Evaluator:
         ...     {"blank-out": BlankOut(model, token=1)}, show_progress=False).run(batches)
         >>> len(result)
         8
+        >>> measured = Evaluator(model, {"raw": RawAttention, "rollout": AttentionRollout}, {},
+        ...     faithfulness=["sufficiency", "deletion-area"], show_progress=False).run(batches)
+        >>> len(measured.metrics)  # 2 methods x 2 layers x 2 metrics, 8 values each
+        8
+        >>> sorted(measured.leaderboard(n_resamples=99).ranking("sufficiency").names)
+        ['raw L1', 'raw L2', 'rollout L1', 'rollout L2']
     """
 
     def __init__(
@@ -80,9 +116,14 @@ class Evaluator:
         exclude_special_tokens: bool = False,
         target: str = "labels",
         show_progress: bool = True,
+        faithfulness: Any = None,
     ) -> None:
-        if not isinstance(methods, Mapping) or not isinstance(references, Mapping) or not methods or not references:
-            raise TypeError("methods and references must be non-empty mappings {name: method}.")
+        self.faithfulness = check_faithfulness(faithfulness)
+        if not isinstance(methods, Mapping) or not isinstance(references, Mapping) or not methods or not (references or self.faithfulness):
+            raise TypeError(
+                "methods and references must be non-empty mappings {name: method} (references may be {} "
+                "when faithfulness= names metrics)."
+            )
         self.model = model
         self.methods = {name: self._instantiate(name, method) for name, method in methods.items()}
         self.references = {name: self._instantiate(name, method) for name, method in references.items()}
@@ -108,7 +149,8 @@ class Evaluator:
 
         Returns:
             ComparisonResult: Spearman correlations per example for every (method, reference,
-            layer), examples numbered from 0 in iteration order.
+            layer) and, with ``faithfulness``, the metrics' values per example for every
+            (method, metric, layer), examples numbered from 0 in iteration order.
 
         Under ``accelerate launch --multi_gpu --num_processes w script.py`` (or ``torchrun``, any
         launcher setting ``WORLD_SIZE``), process ``r`` of ``w`` evaluates batches
@@ -177,12 +219,15 @@ class Evaluator:
 
     def fingerprint(self) -> str:
         """What a checkpoint must have been written with to be resumed: the names and classes
-        of the methods and references, and the comparison settings."""
+        of the methods and references, the comparison settings and the faithfulness metrics
+        with their options."""
         described = {
             kind: {name: _describe(method) for name, method in mapping.items()}
             for kind, mapping in (("methods", self.methods), ("references", self.references))
         }
         described.update(exclude_special_tokens=self.exclude_special_tokens, target=self.target)
+        if self.faithfulness:  # absent otherwise: checkpoints written before the option still resume
+            described.update(faithfulness=self.faithfulness)
         return json.dumps(described, sort_keys=True)
 
     def evaluate_batch(self, batch: Mapping[str, Any], example_ids: Any = None) -> ComparisonResult:
@@ -217,7 +262,29 @@ class Evaluator:
             attributions = {name: self._attribute(name, method, batch) for name, method in self.methods.items()}
             references = {name: self._attribute(name, method, batch) for name, method in self.references.items()}
         exclude = batch.get("special_tokens_mask") if self.exclude_special_tokens else None
-        return compare(attributions, references, mask=batch["attention_mask"], exclude=exclude, example_ids=example_ids)
+        ids = np.arange(_batch_size(batch)) if example_ids is None else np.asarray(example_ids, dtype=np.int64)
+        scores = (
+            compare(attributions, references, mask=batch["attention_mask"], exclude=exclude, example_ids=ids).scores
+            if references else {}
+        )
+        directions = {name: METRICS[setting["metric"]].higher_is_better for name, setting in self.faithfulness.items()}
+        return ComparisonResult(ids, scores, self._faithfulness(attributions, batch, exclude), directions)
+
+    def _faithfulness(self, attributions: dict, batch: dict, exclude: Tensor | None) -> dict:
+        """``{(method, metric, layer): (B,) float64}`` for every method, layer and metric."""
+        values = {}
+        for method, scores in attributions.items():
+            scores = as_scores(scores, f"attributions[{method!r}]").to(_device(self.model))
+            layers = [(None, scores)] if scores.dim() != 3 else [(i + 1, layer) for i, layer in enumerate(scores)]
+            for name, setting in self.faithfulness.items():
+                for layer, layer_scores in layers:
+                    try:
+                        with model_call(self.model):
+                            value = compute_metric(self.model, setting, batch, layer_scores, exclude)
+                    except (TypeError, ValueError) as error:
+                        raise type(error)(f"faithfulness {name!r} of method {method!r}: {error}") from error
+                    values[(method, name, layer)] = value.detach().cpu().double().numpy()
+        return values
 
     def _instantiate(self, name: str, method: Any) -> Any:
         if inspect.isclass(method):
@@ -230,15 +297,17 @@ class Evaluator:
         return method
 
     def _prepare(self, batch: Mapping[str, Any]) -> dict:
-        if not isinstance(batch, Mapping) or "input_ids" not in batch:
+        if not isinstance(batch, Mapping) or ("input_ids" not in batch and "pixel_values" not in batch):
             raise TypeError(
-                "each batch must be a dict with 'input_ids' (B, n) and optionally 'attention_mask', 'labels', "
-                f"'position'; got {type(batch).__name__}" + (f" with keys {list(batch)}" if isinstance(batch, Mapping) else "")
+                "each batch must be a dict with 'input_ids' (B, n) (or an image model's 'pixel_values') and "
+                f"optionally 'attention_mask', 'labels', 'position'; got {type(batch).__name__}"
+                + (f" with keys {list(batch)}" if isinstance(batch, Mapping) else "")
             )
         device = _device(self.model)
         prepared = {key: value.to(device) if isinstance(value, Tensor) else value for key, value in batch.items()}
-        if prepared.get("attention_mask") is None:
+        if prepared.get("attention_mask") is None and "input_ids" in prepared:
             prepared["attention_mask"] = torch.ones_like(prepared["input_ids"])
+        prepared.setdefault("attention_mask", None)  # images have no padding
         if self.exclude_special_tokens and "special_tokens_mask" not in prepared:
             raise ValueError(
                 "exclude_special_tokens=True needs batch['special_tokens_mask']: tokenize with "
@@ -260,19 +329,29 @@ class Evaluator:
             "show_progress": False,  # the Evaluator's bar is the one to watch
         }
         kwargs = {key: value for key, value in offered.items() if key in accepted}
-        if kwargs.get("position", 0) is None:
-            del kwargs["position"]
+        for key in ("position", "attention_mask"):  # no position in the batch; images have no mask
+            if key in kwargs and kwargs[key] is None:
+                del kwargs[key]
         try:
-            return method.attribute(batch["input_ids"], **kwargs)
+            return method.attribute(_inputs(batch), **kwargs)
         except (TypeError, ValueError) as error:
             raise type(error)(f"method {name!r} failed: {error}") from error
 
 
+def _inputs(batch: Mapping[str, Any]) -> Tensor:
+    """The batch's token ids, or the pixel values of an image batch."""
+    return batch["input_ids"] if "input_ids" in batch else batch["pixel_values"]
+
+
 def _batch_size(batch: Any) -> int:
-    ids = batch.get("input_ids") if isinstance(batch, Mapping) else None
-    if not isinstance(ids, Tensor) or ids.dim() != 2:
-        raise TypeError("each batch must be a dict whose 'input_ids' is a (B, n) tensor of token ids.")
-    return ids.shape[0]
+    inputs = _inputs(batch) if isinstance(batch, Mapping) and ("input_ids" in batch or "pixel_values" in batch) else None
+    pixels = isinstance(batch, Mapping) and "input_ids" not in batch
+    if not isinstance(inputs, Tensor) or inputs.dim() != (4 if pixels else 2):
+        raise TypeError(
+            "each batch must be a dict whose 'input_ids' is a (B, n) tensor of token ids (or whose "
+            "'pixel_values' is a (B, C, H, W) tensor of images)."
+        )
+    return inputs.shape[0]
 
 
 def _device(model: Any) -> torch.device:
@@ -341,7 +420,10 @@ def _describe(method: Any) -> str:
 
 
 def _example_hashes(batch: Mapping[str, Any]) -> list[int]:
-    """A 63-bit hash of each example's real token ids: what identifies an example across runs."""
+    """A 63-bit hash of each example's real token ids (or pixels): what identifies an example across runs."""
+    if "input_ids" not in batch:
+        pixels = batch["pixel_values"].detach().cpu().float().flatten(1)
+        return [int.from_bytes(hashlib.blake2b(row.numpy().tobytes(), digest_size=8).digest(), "little") >> 1 for row in pixels]
     ids = batch["input_ids"].detach().cpu().long()
     mask = batch.get("attention_mask")
     mask = torch.ones_like(ids, dtype=torch.bool) if mask is None else torch.as_tensor(mask).cpu().bool()
@@ -363,8 +445,6 @@ def _check_same_examples(checkpoint: Any, ids: np.ndarray, batch_hashes: list[in
 def _write_checkpoint(result: ComparisonResult, path: Path, fingerprint: str, hashes: dict[int, int]) -> None:
     """Write ``result`` to ``path`` atomically: a temporary file in the same folder, then a rename,
     so a crash mid-write leaves the previous file intact."""
-    keys = list(result.scores)
-    arrays = {f"score_{index}": result.scores[key] for index, key in enumerate(keys)}
     example_hashes = np.array([hashes.get(example, -1) for example in result.example_ids.tolist()], dtype=np.int64)
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
@@ -374,9 +454,7 @@ def _write_checkpoint(result: ComparisonResult, path: Path, fingerprint: str, ha
                 format=np.array(CHECKPOINT_FORMAT),
                 fingerprint=np.array(fingerprint),
                 example_hashes=example_hashes,
-                example_ids=result.example_ids,
-                keys=np.array(json.dumps(keys)),
-                **arrays,
+                **result.arrays(),
             )
         os.replace(temporary, path)
     finally:
@@ -398,8 +476,7 @@ def _read_checkpoint(path: Path, fingerprint: str) -> tuple[ComparisonResult, di
             f"({contents['fingerprint']}); {fix}"
         )
     try:
-        keys = [tuple(key) for key in json.loads(str(contents["keys"]))]
-        result = ComparisonResult(contents["example_ids"], {key: contents[f"score_{i}"] for i, key in enumerate(keys)})
+        result = ComparisonResult.from_arrays(contents)
         hashes = dict(zip(contents["example_ids"].tolist(), contents["example_hashes"].tolist()))
     except (KeyError, ValueError) as error:  # json.JSONDecodeError is a ValueError
         raise ValueError(f"checkpoint {path} is corrupt or truncated ({type(error).__name__}: {error}); {fix}") from error

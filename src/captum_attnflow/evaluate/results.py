@@ -1,4 +1,5 @@
-"""Per-example comparison scores and their summaries: tables, CSV, plots, save / load / merge."""
+"""Per-example comparison scores and faithfulness values and their summaries: tables, CSV,
+plots, save / load / merge."""
 
 from __future__ import annotations
 
@@ -11,6 +12,10 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
+from captum_attnflow.evaluate.leaderboard import Leaderboard
+from captum_attnflow.evaluate.metrics import higher_is_better as metric_direction
+from captum_attnflow.evaluate.statistics import N_RESAMPLES
+
 Key = tuple  # (method, reference, layer): layer 1..L, or None for a method without layers
 # Published values to show beside the measured ones: {(method, reference, layer): (mean, std)}.
 Beside = Mapping[Key, tuple]
@@ -18,7 +23,8 @@ Beside = Mapping[Key, tuple]
 
 @dataclass
 class ComparisonResult:
-    """Spearman correlations per example for every (method, reference, layer).
+    """Spearman correlations per example for every (method, reference, layer), and faithfulness
+    values per example for every (method, metric, layer).
 
     Attributes:
         example_ids: (N,) int64, the index of each example in the data (what makes results of
@@ -26,9 +32,14 @@ class ComparisonResult:
         scores: ``{(method, reference, layer): (N,) float64}``, aligned with ``example_ids``;
             ``layer`` is 1..L for per-layer methods and None for one-map methods. NaN marks an
             undefined correlation (constant scores, fewer than 2 tokens, NaN attributions).
+        metrics: ``{(method, metric, layer): (N,) float64}``, the faithfulness values of the
+            Evaluator's ``faithfulness=`` option (e.g. AOPC comprehensiveness per example),
+            NaN where undefined; tabulated by :meth:`leaderboard`.
+        higher_is_better: ``{metric: bool}``, the direction of each metric in ``metrics``;
+            filled in for the Evaluator's metric names.
 
-        methods, references: the method and reference names in ``scores``, in order
-            (properties).
+        methods, references: the method and reference names in ``scores`` (and ``metrics``),
+            in order (properties).
 
     Summaries ignore NaN and report how many there were: mean, std (population, ddof=0),
     count (defined correlations) and nan_count, per key. :class:`~captum_attnflow.evaluate.Evaluator`
@@ -57,21 +68,28 @@ class ComparisonResult:
 
     example_ids: np.ndarray
     scores: dict = field(default_factory=dict)
+    metrics: dict = field(default_factory=dict)
+    higher_is_better: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.example_ids = np.asarray(self.example_ids, dtype=np.int64)
-        self.scores = {key: np.asarray(value, dtype=np.float64) for key, value in self.scores.items()}
-        for key, value in self.scores.items():
-            if value.shape != self.example_ids.shape:
-                raise ValueError(f"scores {key} have shape {value.shape}, example_ids {self.example_ids.shape}.")
+        for name in ("scores", "metrics"):
+            values = {key: np.asarray(value, dtype=np.float64) for key, value in getattr(self, name).items()}
+            for key, value in values.items():
+                if value.shape != self.example_ids.shape:
+                    raise ValueError(f"{name} {key} have shape {value.shape}, example_ids {self.example_ids.shape}.")
+            setattr(self, name, values)
+        given = dict(self.higher_is_better)
+        names = dict.fromkeys(key[1] for key in self.metrics)
+        self.higher_is_better = {name: bool(given[name]) if name in given else metric_direction(name) for name in names}
 
     def __len__(self) -> int:
         return len(self.example_ids)
 
     @property
     def methods(self) -> list[str]:
-        """The method names, in the order of ``scores``."""
-        return list(dict.fromkeys(key[0] for key in self.scores))
+        """The method names, in the order of ``scores``, then of ``metrics``."""
+        return list(dict.fromkeys(key[0] for key in [*self.scores, *self.metrics]))
 
     @property
     def references(self) -> list[str]:
@@ -108,6 +126,37 @@ class ComparisonResult:
                 )
             )
         return rows
+
+    def leaderboard(
+        self, alpha: float = 0.05, confidence: float = 0.95, n_resamples: int = N_RESAMPLES, seed: int = 0
+    ) -> Leaderboard:
+        """The faithfulness values as a :class:`~captum_attnflow.evaluate.Leaderboard`: per
+        metric, every (method, layer) with its mean and bootstrap interval, ranked with paired
+        Wilcoxon tests (Holm-adjusted); its ``to_markdown``, ``to_csv`` and ``plot`` give the
+        tables, file and figure.
+
+        Args:
+            alpha: the significance level of the adjusted tests.
+            confidence, n_resamples, seed: the bootstrap intervals', see
+                :func:`~captum_attnflow.evaluate.bootstrap_interval`.
+
+        Returns:
+            Leaderboard: over the examples of this result.
+
+        Raises:
+            ValueError: the result holds no faithfulness values (run the Evaluator with
+                ``faithfulness=``).
+
+        Example::
+
+            >>> result = ComparisonResult([0, 1, 2], metrics={("raw", "sufficiency", 1): [0.2, 0.4, 0.3],
+            ...                                               ("rollout", "sufficiency", 1): [0.1, 0.2, 0.1]})
+            >>> result.leaderboard(n_resamples=99).ranking("sufficiency").names  # lower is better
+            ['rollout L1', 'raw L1']
+        """
+        if not self.metrics:
+            raise ValueError("this result holds no faithfulness values; run the Evaluator with faithfulness=[...].")
+        return Leaderboard(self.metrics, self.higher_is_better, alpha, confidence, n_resamples, seed)
 
     def to_markdown(self, digits: int = 2, beside: Beside | None = None, names: tuple[str, str] = ("ours", "paper")) -> str:
         """The paper's table layout, one table per reference: methods as rows, layers L1..Ln
@@ -274,9 +323,7 @@ class ComparisonResult:
             >>> loaded.example_ids.tolist(), loaded.scores[("raw", "grad", 1)].tolist()
             ([3, 4], [0.2, 0.4])
         """
-        keys = list(self.scores)
-        arrays = {f"score_{index}": self.scores[key] for index, key in enumerate(keys)}
-        np.savez(path, example_ids=self.example_ids, keys=np.array(json.dumps(keys)), **arrays)
+        np.savez(path, **self.arrays())
 
     @classmethod
     def load(cls, path: str | Path) -> "ComparisonResult":
@@ -289,8 +336,38 @@ class ComparisonResult:
             ComparisonResult: the same example ids and scores.
         """
         with np.load(path) as data:
-            keys = [tuple(key) for key in json.loads(str(data["keys"]))]
-            return cls(data["example_ids"], {key: data[f"score_{index}"] for index, key in enumerate(keys)})
+            return cls.from_arrays(data)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The result as the named arrays :meth:`save` writes: ``example_ids``, ``keys`` and
+        ``metric_keys`` (JSON lists of keys), ``score_<i>`` and ``metric_<i>`` (one per key,
+        in order), ``higher_is_better`` (JSON)."""
+        keys, metric_keys = list(self.scores), list(self.metrics)
+        return dict(
+            example_ids=self.example_ids,
+            keys=np.array(json.dumps(keys)),
+            metric_keys=np.array(json.dumps(metric_keys)),
+            higher_is_better=np.array(json.dumps(self.higher_is_better)),
+            **{f"score_{index}": self.scores[key] for index, key in enumerate(keys)},
+            **{f"metric_{index}": self.metrics[key] for index, key in enumerate(metric_keys)},
+        )
+
+    @classmethod
+    def from_arrays(cls, arrays: Mapping[str, np.ndarray]) -> "ComparisonResult":
+        """The result from the arrays of :meth:`arrays` (a file written before metrics existed
+        has none).
+
+        Raises:
+            KeyError, ValueError: arrays are missing or malformed.
+        """
+        keys = [tuple(key) for key in json.loads(str(arrays["keys"]))]
+        metric_keys = [tuple(key) for key in json.loads(str(arrays["metric_keys"]))] if "metric_keys" in arrays else []
+        return cls(
+            arrays["example_ids"],
+            {key: arrays[f"score_{index}"] for index, key in enumerate(keys)},
+            {key: arrays[f"metric_{index}"] for index, key in enumerate(metric_keys)},
+            json.loads(str(arrays["higher_is_better"])) if "higher_is_better" in arrays else {},
+        )
 
     @classmethod
     def merge(cls, results: Iterable["ComparisonResult"]) -> "ComparisonResult":
@@ -311,16 +388,26 @@ class ComparisonResult:
         results = [result for result in results if len(result)]
         if not results:
             return cls(np.zeros(0, dtype=np.int64), {})
-        keys = list(results[0].scores)
+        keys, metric_keys = list(results[0].scores), list(results[0].metrics)
         for result in results[1:]:
-            if set(result.scores) != set(keys):
+            different = (set(result.scores) ^ set(keys)) | (set(result.metrics) ^ set(metric_keys))
+            if different:
                 raise ValueError(
-                    "cannot merge results of different comparisons: keys "
-                    f"{sorted(map(str, set(result.scores) ^ set(keys)))} are in one result only."
+                    f"cannot merge results of different comparisons: keys {sorted(map(str, different))} are in one result only."
+                )
+            if result.higher_is_better != results[0].higher_is_better:
+                raise ValueError(
+                    "cannot merge results whose metrics go in different directions: "
+                    f"{results[0].higher_is_better} and {result.higher_is_better}."
                 )
         ids = np.concatenate([result.example_ids for result in results])
         unique, first = np.unique(ids, return_index=True)
-        return cls(unique, {key: np.concatenate([r.scores[key] for r in results])[first] for key in keys})
+        return cls(
+            unique,
+            {key: np.concatenate([r.scores[key] for r in results])[first] for key in keys},
+            {key: np.concatenate([r.metrics[key] for r in results])[first] for key in metric_keys},
+            results[0].higher_is_better,
+        )
 
 
 def _column(layer: int | None) -> str:

@@ -1,0 +1,188 @@
+"""Token deletion shared by AOPC and the other faithfulness metrics: rank the candidate tokens
+once, then score the model on the batch with a chosen set of them removed or replaced, one
+forward pass per set."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import torch
+from torch import Tensor
+
+from captum_attnflow.hf import ScoreForward, check_token_ids, token_id
+
+# The deletion settings a metric accepts: remove and close the gap, or replace by a token.
+DELETIONS = ("remove", "mask", "unk", "pad")
+
+DELETION_ARGS_DOC = """
+        forward_func: a Hugging Face model returning logits, or an ``nn.Module`` / callable
+            ``forward_func(inputs, *additional_forward_args)`` returning (B, C) scores.
+        inputs: token ids (B, n).
+        attributions: (B, n) token scores of the method being judged.
+        target: the class whose probability is measured (Captum style: int, (B,) tensor or
+            list); None (default) uses the predicted class on the full ``inputs``.
+        additional_forward_args: extra positional arguments for the model, passed unchanged
+            (with ``deletion="remove"`` they must not be per-token, since tokens move).
+        attention_mask: (B, n), 1 on real tokens; padding is never deleted.
+        exclude: (B, n), True on tokens that stay in place and are never candidates, e.g. the
+            tokenizer's ``special_tokens_mask`` (CLS/SEP).
+        deletion: how a token is deleted: ``"remove"`` (default) takes it out and closes the
+            gap, as ERASER does; a token id, or ``"mask"``, ``"unk"``, ``"pad"`` (looked up on
+            ``tokenizer``, then on the model's config), writes that token in its place and keeps
+            the sequence's length and positions, as Chefer et al. (2021) and DecompX do.
+        tokenizer: where ``deletion``'s token names are looked up first; None: the model's config.
+        pad_token_id: the id written after the kept tokens when removing.
+        softmax: apply a softmax to the scores (default); False when ``forward_func``
+            returns probabilities (or to measure its raw scores, e.g. logits, as they are)."""
+
+DELETION_NOTES_DOC = """
+    The candidates of a row are its real tokens that are not excluded; ranks are taken among
+    them, ties broken by position (earlier first), and "the :math:`k` top tokens" are the
+    :math:`\\lceil f m \\rceil` highest-attributed of the :math:`m` candidates for a fraction
+    :math:`f`. A row without candidates, or one a deletion would leave without any token
+    (``"remove"`` only), scores NaN. A Hugging Face model gets the shortened sequences with
+    their new ``attention_mask``; any other ``forward_func`` gets the ids only, the deleted
+    positions filled with ``pad_token_id`` at the end (per-token ``additional_forward_args`` are
+    refused).
+"""
+
+
+class TokenDeletion:
+    """The checked inputs of one metric call and the model's score of the target on them, with
+    any set of candidate tokens deleted. Build it inside ``torch.no_grad()`` and
+    ``model_call(forward_func)``: it runs the model for a target of None."""
+
+    def __init__(
+        self,
+        forward_func: Callable[..., Any],
+        inputs: Tensor,
+        attributions: Tensor,
+        target: Any,
+        additional_forward_args: Any,
+        attention_mask: Tensor | None,
+        exclude: Tensor | None,
+        deletion: int | str,
+        tokenizer: Any,
+        pad_token_id: int,
+        softmax: bool,
+    ) -> None:
+        self.forward = ScoreForward(forward_func)
+        self.inputs, self.mask, self.extra_args = self.forward.prepare(inputs, attention_mask, additional_forward_args)
+        self.replacement = _replacement(forward_func, deletion, tokenizer)
+        if self.replacement is None:
+            _refuse_per_token_args(self.extra_args[1:], self.inputs.shape)
+        self.pad_token_id = pad_token_id
+        self.softmax = softmax
+        self.candidates = self.mask & ~_bool(exclude, self.mask, "exclude")
+        self.count = self.candidates.sum(-1)
+        scores = _scores(attributions, self.mask)
+        order = scores.masked_fill(~self.candidates, -math.inf).argsort(dim=-1, descending=True, stable=True)
+        positions = torch.arange(self.inputs.shape[1], device=self.inputs.device).expand_as(order)
+        # rank 0 = the highest-attributed candidate; the other tokens sort after every candidate.
+        self.rank = torch.empty_like(order).scatter_(1, order, positions)
+        target = self.forward.target(self.inputs, self.extra_args, target)
+        self.target = _target_indices(target, self.inputs.shape[0], self.inputs.device)
+
+    def top(self, fraction: float) -> Tensor:
+        """(B, n) bool: the :math:`\\lceil f m \\rceil` highest-attributed candidates."""
+        return self.candidates & (self.rank < self._k(fraction)[:, None])
+
+    def bottom(self, fraction: float) -> Tensor:
+        """(B, n) bool: the :math:`\\lceil f m \\rceil` lowest-attributed candidates (the
+        complement of the top ones in the same order, so ties break the same way)."""
+        return self.candidates & (self.rank >= (self.count - self._k(fraction))[:, None])
+
+    def score(self, deleted: Tensor | None = None, log: bool = False) -> Tensor:
+        """(B,) float32: the target's probability (its log with ``log=True``) with the ``deleted``
+        tokens (B, n) deleted; None scores the full inputs. NaN where a row has no candidate
+        or no token left."""
+        if deleted is None:
+            ids, mask = self.inputs, self.mask
+        elif self.replacement is None:
+            ids, mask = _remove(self.inputs, self.mask & ~deleted, self.pad_token_id)
+        else:
+            ids, mask = self.inputs.masked_fill(deleted, self.replacement), self.mask
+        output = self.forward(ids, mask.long(), *self.extra_args[1:]).float()
+        if self.softmax:
+            output = torch.log_softmax(output, -1) if log else torch.softmax(output, -1)
+        elif log:
+            output = output.log()
+        value = output.gather(1, self.target[:, None]).squeeze(1)
+        if deleted is None:
+            return value
+        return value.masked_fill((self.count == 0) | ~mask.any(-1), math.nan)
+
+    def _k(self, fraction: float) -> Tensor:
+        # Rounded first: 0.28 * 25 is 7.000000000000001 in floating point, and 28% of 25 tokens is 7, not 8.
+        return torch.ceil((float(fraction) * self.count.double()).round(decimals=9)).long()
+
+
+def check_fractions(fractions: Any, name: str = "fractions") -> list[float]:
+    """The fractions as floats, each in (0, 1]; a ValueError names ``name`` otherwise."""
+    try:
+        values = [float(f) for f in fractions]
+    except TypeError as error:
+        raise TypeError(f"{name} must be a sequence of numbers in (0, 1], got {fractions!r}.") from error
+    if not values or any(not 0 < f <= 1 for f in values):
+        raise ValueError(f"{name} must be a non-empty list of values in (0, 1], got {list(fractions)}.")
+    return values
+
+
+def _replacement(forward_func: Any, deletion: Any, tokenizer: Any) -> int | None:
+    if isinstance(deletion, str) and deletion == "remove":
+        return None
+    if isinstance(deletion, bool) or not isinstance(deletion, (int, str)) or (isinstance(deletion, str) and deletion not in DELETIONS):
+        raise ValueError(f'deletion must be "remove", a token id or one of "mask", "unk", "pad", got {deletion!r}.')
+    replacement = token_id(forward_func, deletion, tokenizer, argument="deletion")
+    check_token_ids(torch.tensor([[replacement]]), forward_func)
+    return replacement
+
+
+def _refuse_per_token_args(arguments: tuple, shape: torch.Size) -> None:
+    for argument in arguments:
+        if isinstance(argument, Tensor) and argument.dim() >= 2 and tuple(argument.shape[:2]) == tuple(shape):
+            raise ValueError(
+                f"additional_forward_args holds a per-token tensor of shape {tuple(argument.shape)}; removing "
+                "tokens would misalign it. Pass the attention mask as attention_mask= with a Hugging Face "
+                "model (the metric rebuilds it), replace tokens instead (deletion='mask' or a token id), "
+                "or compute per-token inputs inside forward_func."
+            )
+
+
+def _remove(inputs: Tensor, kept: Tensor, pad_token_id: int) -> tuple[Tensor, Tensor]:
+    """Move each row's kept tokens to the front, in order, and pad the rest."""
+    order = (~kept).long().argsort(dim=-1, stable=True)
+    ids = inputs.gather(1, order)
+    kept_mask = kept.gather(1, order)
+    return ids.masked_fill(~kept_mask, pad_token_id), kept_mask
+
+
+def _target_indices(target: Any, batch: int, device: torch.device) -> Tensor:
+    indices = torch.as_tensor(target, device=device).long().reshape(-1)
+    if indices.numel() == 1:
+        return indices.expand(batch)
+    if indices.numel() != batch:
+        raise ValueError(f"target must give one class per example (B = {batch}), got {indices.numel()}.")
+    return indices
+
+
+def _bool(values: Tensor | None, mask: Tensor, name: str) -> Tensor:
+    if values is None:
+        return torch.zeros_like(mask)
+    values = torch.as_tensor(values, device=mask.device).bool()
+    if values.shape != mask.shape:
+        raise ValueError(f"{name} must have shape (B, n) = {tuple(mask.shape)}, got {tuple(values.shape)}.")
+    return values
+
+
+def _scores(attributions: Tensor, mask: Tensor) -> Tensor:
+    scores = torch.as_tensor(attributions, device=mask.device).detach().float()
+    if scores.shape != mask.shape:
+        raise ValueError(
+            f"attributions must be (B, n) = {tuple(mask.shape)} token scores for these inputs, got "
+            f"{tuple(scores.shape)}; for per-layer attributions pick one layer, e.g. scores[-1]."
+        )
+    if torch.isnan(scores[mask]).any():
+        raise ValueError("attributions contain NaN on real tokens; the top-k tokens are undefined.")
+    return scores

@@ -1,0 +1,244 @@
+"""Faithfulness per method and layer as tables and plots: means with bootstrap intervals and
+rankings with paired tests, from per-example values."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from captum_attnflow.evaluate.metrics import higher_is_better as metric_direction
+from captum_attnflow.evaluate.statistics import N_RESAMPLES, Ranking, format_interval, rank_methods
+
+Key = tuple  # (method, metric, layer): layer 1..L, or None for a method without layers
+
+
+class Leaderboard:
+    """Every method's faithfulness, per metric and layer, with how sure the differences are.
+
+    For each metric all its (method, layer) entries are ranked together by
+    :func:`~captum_attnflow.evaluate.rank_methods`: means with bootstrap intervals, Wilcoxon
+    signed-rank tests of every pair on the same examples, Holm-adjusted over the metric's
+    pairs, and ranks that let entries no test separates share a place. An entry is named
+    ``method`` for a method without layers and ``method L3`` for layer 3 of a per-layer one.
+
+    Args:
+        values: ``{(method, metric, layer): (N,) values}``, all on the same N examples in the
+            same order, NaN where undefined (what
+            :meth:`~captum_attnflow.evaluate.ComparisonResult.leaderboard` passes).
+        higher_is_better: ``{metric: bool}`` for metric names other than those of the
+            Evaluator (``"comprehensiveness"``, ``"sufficiency"``, ``"log-odds"``,
+            ``"deletion-area"``, ``"subject-first"``, ``"positive-perturbation"``,
+            ``"negative-perturbation"``), whose direction is known.
+        alpha: the significance level of the adjusted tests.
+        confidence, n_resamples, seed: the bootstrap intervals', see
+            :func:`~captum_attnflow.evaluate.bootstrap_interval`.
+
+    Example::
+
+        >>> import numpy as np
+        >>> from captum_attnflow.evaluate import Leaderboard
+        >>> noise = np.random.default_rng(0).normal(0, 0.05, (3, 30))
+        >>> board = Leaderboard.from_values({"comprehensiveness": {
+        ...     "rollout": 0.3 + noise[0], "raw": 0.29 + noise[1], "random": 0.1 + noise[2]}}, n_resamples=999)
+        >>> board.ranking("comprehensiveness").ranks
+        {'raw': 1, 'rollout': 1, 'random': 3}
+        >>> print(board.to_markdown(digits=2))
+        comprehensiveness (higher is better; 30 examples, mean [95% CI], #rank)
+        <BLANKLINE>
+        | method | score |
+        |---|---|
+        | rollout | 0.29 [0.28, 0.31] #1 |
+        | raw | 0.30 [0.29, 0.32] #1 |
+        | random | 0.11 [0.09, 0.13] #3 |
+        <BLANKLINE>
+        Best: raw; not significantly different from it (Wilcoxon signed-rank, Holm-adjusted, alpha = 0.05): rollout
+    """
+
+    def __init__(
+        self,
+        values: Mapping[Key, Any],
+        higher_is_better: Mapping[str, bool] | None = None,
+        alpha: float = 0.05,
+        confidence: float = 0.95,
+        n_resamples: int = N_RESAMPLES,
+        seed: int = 0,
+    ) -> None:
+        if not isinstance(values, Mapping) or not values:
+            raise TypeError("values must be a non-empty mapping {(method, metric, layer): (N,) values}.")
+        for key in values:
+            if not isinstance(key, tuple) or len(key) != 3:
+                raise TypeError(f"values must be keyed by (method, metric, layer) tuples, got {key!r}.")
+        self.values = {key: np.asarray(value, dtype=np.float64) for key, value in values.items()}
+        given = dict(higher_is_better or {})
+        self.higher_is_better = {metric: given[metric] if metric in given else metric_direction(metric) for metric in self.metrics}
+        self.alpha, self.confidence, self.n_resamples, self.seed = alpha, confidence, n_resamples, seed
+        self._rankings: dict[str, Ranking] = {}
+
+    @classmethod
+    def from_values(cls, values: Mapping[str, Mapping[str, Any]], **kwargs: Any) -> "Leaderboard":
+        """A leaderboard of methods without layers from ``{metric: {method: (N,) values}}``
+        (e.g. one benchmark run per method); ``kwargs`` as the constructor's."""
+        return cls({(method, metric, None): array for metric, by_method in values.items() for method, array in by_method.items()}, **kwargs)
+
+    @property
+    def metrics(self) -> list[str]:
+        """The metric names, in the order of ``values``."""
+        return list(dict.fromkeys(key[1] for key in self.values))
+
+    def ranking(self, metric: str) -> Ranking:
+        """The ranking of every (method, layer) entry of ``metric`` (computed once).
+
+        Returns:
+            Ranking: entries named ``method`` or ``method L<layer>``; see
+            :func:`~captum_attnflow.evaluate.rank_methods`.
+        """
+        if metric not in self.higher_is_better:
+            raise ValueError(f"no metric {metric!r}; the leaderboard holds {self.metrics}.")
+        if metric not in self._rankings:
+            entries = {_entry(method, layer): value for (method, name, layer), value in self.values.items() if name == metric}
+            self._rankings[metric] = rank_methods(
+                entries, self.higher_is_better[metric], self.alpha, self.confidence, self.n_resamples, self.seed
+            )
+        return self._rankings[metric]
+
+    def summary(self) -> list[dict]:
+        """One row per (method, metric, layer): ``method``, ``metric``, ``layer`` (None for
+        methods without layers), ``mean``, ``low``, ``high`` (the bootstrap interval),
+        ``count`` (defined values), ``nan_count``, ``rank`` and ``not_different`` (the
+        entries of the same metric whose difference from this one is not significant)."""
+        rows = []
+        for (method, metric, layer), value in self.values.items():
+            ranking = self.ranking(metric)
+            entry = _entry(method, layer)
+            interval = ranking.intervals[entry]
+            rows.append(dict(
+                method=method, metric=metric, layer=layer, mean=interval.mean, low=interval.low, high=interval.high,
+                count=interval.count, nan_count=int(value.size - interval.count), rank=ranking.ranks[entry],
+                not_different=ranking.not_different(entry),
+            ))
+        return rows
+
+    def to_markdown(self, digits: int = 3) -> str:
+        """One table per metric, methods as rows and layers L1..Ln as columns (a ``score``
+        column for methods without layers), cells "mean [low, high] #rank"; under it the
+        best entry and those not significantly different from it (see the class example)."""
+        blocks = []
+        for metric in self.metrics:
+            ranking = self.ranking(metric)
+            rows = [row for row in self.summary() if row["metric"] == metric]
+            columns = _columns(rows)
+            direction = "higher" if self.higher_is_better[metric] else "lower"
+            count = max(row["count"] + row["nan_count"] for row in rows)
+            lines = [
+                f"{metric} ({direction} is better; {count} examples, mean [{self.confidence:.0%} CI], #rank)",
+                "",
+                "| method | " + " | ".join(columns) + " |",
+                "|---|" + "---|" * len(columns),
+            ]
+            for method in dict.fromkeys(row["method"] for row in rows):
+                cells = {
+                    _column(row["layer"]): format_interval(ranking.intervals[_entry(method, row["layer"])], digits) + f" #{row['rank']}"
+                    for row in rows if row["method"] == method
+                }
+                lines.append(f"| {method} | " + " | ".join(cells.get(column, "") for column in columns) + " |")
+            best = ranking.names[0]
+            lines += [
+                "",
+                f"Best: {best}; not significantly different from it (Wilcoxon signed-rank, Holm-adjusted, "
+                f"alpha = {self.alpha:g}): " + (", ".join(ranking.not_different(best)) or "none"),
+            ]
+            undefined = {row["method"]: row["nan_count"] for row in rows if row["nan_count"]}
+            if undefined:
+                lines.append("Undefined, left out (examples, most in any layer): " + ", ".join(
+                    f"{method}: {max(r['nan_count'] for r in rows if r['method'] == method)}" for method in undefined
+                ))
+            blocks.append("\n".join(lines))
+        return "\n\n".join(blocks)
+
+    def to_csv(self, path: str | Path) -> None:
+        """Write :meth:`summary`, one row per (method, metric, layer); layer empty for methods
+        without layers, ``not_different`` joined by "; ".
+
+        Example::
+
+            >>> import tempfile
+            >>> board = Leaderboard({("raw", "sufficiency", 1): [0.2, 0.4, 0.3]}, n_resamples=99)
+            >>> with tempfile.TemporaryDirectory() as folder:
+            ...     board.to_csv(f"{folder}/faithfulness.csv")
+            ...     print(open(f"{folder}/faithfulness.csv").read().splitlines()[0])
+            method,metric,layer,mean,low,high,count,nan_count,rank,not_different
+        """
+        fields = ["method", "metric", "layer", "mean", "low", "high", "count", "nan_count", "rank", "not_different"]
+        with open(path, "w", newline="") as handle:
+            writer = csv.DictWriter(handle, fields)
+            writer.writeheader()
+            for row in self.summary():
+                writer.writerow({
+                    **row, "layer": "" if row["layer"] is None else row["layer"], "not_different": "; ".join(row["not_different"]),
+                })
+
+    def plot(self, ax=None):
+        """Matplotlib figure, one panel per metric: layers on x, one line per method with its
+        confidence band; methods without layers as a dashed horizontal line and band.
+
+        Args:
+            ax: one matplotlib axes per metric (an array of them, or one axes for one metric);
+                None (default) makes a new figure, not registered with pyplot.
+
+        Returns:
+            matplotlib.figure.Figure: the figure drawn on.
+
+        Example::
+
+            >>> board = Leaderboard({("raw", "log-odds", 1): [-0.2, -0.4, -0.3], ("raw", "log-odds", 2): [-0.5, -0.1, -0.3]},
+            ...     n_resamples=99)
+            >>> len(board.plot().axes)  # one panel per metric
+            1
+        """
+        from matplotlib.figure import Figure
+
+        metrics = self.metrics
+        if ax is None:
+            figure = Figure(figsize=(5 * len(metrics), 3.5), layout="constrained")
+            axes = list(figure.subplots(1, len(metrics), squeeze=False)[0])
+        else:
+            axes = list(np.atleast_1d(ax))
+            figure = axes[0].figure
+            if len(axes) != len(metrics):
+                raise ValueError(f"pass one axes per metric ({len(metrics)}), got {len(axes)}.")
+        rows = self.summary()
+        for axes_, metric in zip(axes, metrics):
+            mine = [row for row in rows if row["metric"] == metric]
+            for index, method in enumerate(dict.fromkeys(row["method"] for row in mine)):
+                color = f"C{index}"
+                points = sorted((row for row in mine if row["method"] == method), key=lambda row: row["layer"] or 0)
+                mean, low, high = (np.array([row[name] for row in points]) for name in ("mean", "low", "high"))
+                if points[0]["layer"] is None:
+                    axes_.axhline(mean[0], linestyle="--", color=color, label=method)
+                    axes_.axhspan(low[0], high[0], color=color, alpha=0.1)
+                else:
+                    layers = np.array([row["layer"] for row in points])
+                    axes_.plot(layers, mean, marker="o", color=color, label=method)
+                    axes_.fill_between(layers, low, high, color=color, alpha=0.2)
+                    axes_.set_xticks(layers, [f"L{layer}" for layer in layers])
+            axes_.set_xlabel("layer")
+            axes_.set_ylabel(f"{metric} ({'higher' if self.higher_is_better[metric] else 'lower'} is better)")
+            axes_.set_title(metric)
+            axes_.legend()
+        return figure
+
+
+def _entry(method: str, layer: int | None) -> str:
+    return method if layer is None else f"{method} L{layer}"
+
+
+def _column(layer: int | None) -> str:
+    return "score" if layer is None else f"L{layer}"
+
+
+def _columns(rows: list[dict]) -> list[str]:
+    layers = sorted({row["layer"] for row in rows if row["layer"] is not None})
+    return [f"L{layer}" for layer in layers] + (["score"] if any(row["layer"] is None for row in rows) else [])
