@@ -26,7 +26,7 @@ import torch
 from captum_attnflow.adversarial.study import DEFAULT_LAMBDAS, MODELS, run_study
 from captum_attnflow.data.agreement import PLURAL, SINGULAR
 from captum_attnflow.hf import extract_attentions
-from captum_attnflow.methods import METHODS, paper_methods
+from captum_attnflow.methods import METHODS, attention_methods, paper_methods
 from captum_attnflow.models import AgreementConfig, load_agreement_model
 from captum_attnflow.reproduce import DATA, PROTOCOLS, RANKINGS, reproduce
 from captum_attnflow.visualize import plot_methods, plot_position_maps
@@ -145,6 +145,10 @@ def _parser() -> argparse.ArgumentParser:
         help=f"output directory (default: {DEFAULT_FIGURES_DIR})",
     )
     figures.add_argument("--model", type=Path, metavar="DIR", help="a saved model directory (as for explain)")
+    figures.add_argument(
+        "--methods", nargs="+", choices=attention_methods(), default=paper_methods(), metavar="NAME",
+        help=f"per-layer methods to draw (default: the paper's, {' '.join(paper_methods())}; any of {', '.join(attention_methods())})",
+    )
     figures.set_defaults(run=_figures)
 
     repro = commands.add_parser(
@@ -180,6 +184,10 @@ def _parser() -> argparse.ArgumentParser:
     repro.add_argument(
         "--model", type=Path, metavar="DIR",
         help="a saved agreement model directory instead of the bundled one (e.g. trained with --end-token)",
+    )
+    repro.add_argument(
+        "--methods", nargs="+", choices=attention_methods(), default=paper_methods(), metavar="NAME",
+        help=f"per-layer methods of the tables (default: {' '.join(paper_methods())}; any of {', '.join(attention_methods())})",
     )
     repro.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     repro.set_defaults(run=_reproduce)
@@ -355,13 +363,15 @@ def _figures(args: argparse.Namespace) -> int:
     out = _writable(args.out, args.out)
     model, tokenizer = _load(args.model)
     ids, tokens = _encode_sentence(args.sentence, tokenizer)
-    _, prediction = _predict(model, ids)
-    # One forward pass serves every method and position.
+    predicted, prediction = _predict(model, ids)
+    # One forward pass serves every method computed from attention weights, and every position.
     attentions = extract_attentions(model, ids)
     maps = {}
-    for name in paper_methods():
-        method = METHODS[name].build(lambda _: attentions, tokenizer)
-        maps[name] = torch.stack([method.attribute(ids, position=i, layer=None)[:, 0] for i in range(len(tokens))], 1)
+    for name in args.methods:
+        entry = METHODS[name]
+        method = entry.build(lambda _: attentions, tokenizer) if entry.from_attentions else entry.build(model, tokenizer)
+        target = {"target": predicted} if entry.class_specific else {}
+        maps[name] = method.attribute(ids, position=list(range(len(tokens))), layer=None, **target)[:, 0]  # (L, n, n)
     quoted = f'"{args.sentence}": {prediction}'
     first = out / "figure1.png"
     plot_position_maps(maps, tokens, title=f"Figure 1: every position at every layer, {quoted}",
@@ -413,6 +423,7 @@ def _reproduce(args: argparse.Namespace) -> int:
         protocol=args.protocol,
         data=args.data,
         ranking=args.ranking,
+        methods=args.methods,
     )
     print(result.to_markdown())
     paths = result.save(out)

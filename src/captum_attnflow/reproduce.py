@@ -50,7 +50,7 @@ from captum_attnflow.data import encode_examples, generate_examples
 from captum_attnflow.data.agreement import PLURAL, SHORT_SENTENCES, SINGULAR
 from captum_attnflow.evaluate import ComparisonResult, Evaluator
 from captum_attnflow.hf import extract_attentions
-from captum_attnflow.methods import METHODS, paper_methods
+from captum_attnflow.methods import METHODS, attention_methods, paper_methods
 from captum_attnflow.models import load_agreement_model
 
 PROTOCOLS = ("ours", "paper")
@@ -128,7 +128,7 @@ class Reproduction:
         has_attractors: (N,) bool.
         seed: the seed of the generated held-out examples.
         seconds: wall-clock time of the run.
-        protocol, data, ranking, include_cls: the arguments of :func:`reproduce`.
+        protocol, data, ranking, include_cls, methods: the arguments of :func:`reproduce`.
         num_samples: N, the number of examples (property).
 
     Example::
@@ -153,6 +153,7 @@ class Reproduction:
     data: str = "generated"
     ranking: str = "average"
     include_cls: bool = False
+    methods: tuple[str, ...] = ("raw", "rollout", "flow")
 
     @property
     def num_samples(self) -> int:
@@ -276,7 +277,7 @@ class Reproduction:
     def _ground_truth_markdown(self) -> str:
         fractions = self.ground_truth()
         count = len(self.num_attractors)
-        layers = len(fractions[paper_methods()[0]])
+        layers = len(fractions[self.methods[0]])
         lines = [
             f"Ground truth: fraction of the {count} examples with attractors where the method scores "
             "the subject above every attractor",
@@ -284,7 +285,7 @@ class Reproduction:
             "| method | " + " | ".join(f"L{layer}" for layer in range(1, layers + 1)) + " |",
             "|---|" + "---|" * layers,
         ]
-        for method in paper_methods():
+        for method in self.methods:
             lines.append(f"| {method} | " + " | ".join(f"{value:.3f}" for value in fractions[method]) + " |")
         lines += ["", "| reference | model output |", "|---|---|"]
         for name in (*OURS_REFERENCES, "chance"):
@@ -315,7 +316,7 @@ class Reproduction:
         path = directory / "ground_truth.csv"
         ties = self.ground_truth_ties()
         rows = [
-            dict(method=name, layer=index + 1 if name in paper_methods() else "", fraction=value,
+            dict(method=name, layer=index + 1 if name in self.methods else "", fraction=value,
                  tied_fraction=ties[name][index] if name in ties else "", examples=len(self.num_attractors))
             for name, values in self.ground_truth().items()
             for index, value in enumerate(values)
@@ -350,13 +351,13 @@ class Reproduction:
         ax = axes[len(references)]
         fractions = self.ground_truth()
         ties = self.ground_truth_ties()
-        for index, method in enumerate(paper_methods()):
+        for index, method in enumerate(self.methods):
             layers = np.arange(1, len(fractions[method]) + 1)
             ax.plot(layers, fractions[method], marker="o", color=f"C{index}", label=method)
             if ties[method].any():
                 ax.plot(layers, fractions[method] + ties[method], linestyle=":", color=f"C{index}",
                         label=f"{method}, above or tied")
-        for index, name in enumerate((*OURS_REFERENCES, "chance"), start=len(paper_methods())):
+        for index, name in enumerate((*OURS_REFERENCES, "chance"), start=len(self.methods)):
             ax.axhline(fractions[name][0], linestyle="--", color=f"C{index}", label=name)
         ax.set_xticks(layers, [f"L{layer}" for layer in layers])
         # Fractions reach exactly 1 (flow above or tied): a margin keeps those lines visible.
@@ -407,6 +408,7 @@ def reproduce(
     protocol: str = "ours",
     data: str = "generated",
     ranking: str = "average",
+    methods: Sequence[str] | None = None,
 ) -> Reproduction:
     """Compute the paper's Tables 1 and 2 and the ground-truth score on held-out generated data.
 
@@ -435,6 +437,10 @@ def reproduce(
             :data:`captum_attnflow.data.agreement.SHORT_SENTENCES`).
         ranking: ``"average"`` (default) or ``"dense"``: with ``protocol="paper"``, also the
             authors' Spearman formula (:func:`dense_rank_spearman`).
+        methods: the per-layer methods of the tables, names of
+            :func:`~captum_attnflow.methods.attention_methods` (default the paper's three,
+            ``("raw", "rollout", "flow")``); e.g. ``("rollout", "alti", "value_zeroing")``.
+            Class-specific ones (gradient-weighted rollout) explain the correct class.
 
     Returns:
         Reproduction: the tables (:meth:`Reproduction.to_markdown`), CSV files, a plot and the
@@ -470,6 +476,10 @@ def reproduce(
             raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))}, got {value!r}.")
     if ranking == "dense" and protocol != "paper":
         raise ValueError("ranking='dense' is the authors' Spearman formula: use it with protocol='paper'.")
+    methods = paper_methods() if methods is None else tuple(methods)
+    unknown = [name for name in methods if name not in attention_methods()]
+    if unknown or not methods:
+        raise ValueError(f"methods must be names of per-layer methods, {', '.join(attention_methods())}; got {list(methods)}.")
     if (model is None) != (tokenizer is None):
         raise ValueError("pass both model and tokenizer, or neither for the bundled model.")
     if model is None:
@@ -484,18 +494,18 @@ def reproduce(
     was_training = model.training
     model.eval()
     try:
-        scorer = _Scorer(model, tokenizer, protocol)
-        methods = {name: scorer.method(name) for name in paper_methods()}
-        ours = Evaluator(model, methods, {name: scorer.method(name) for name in OURS_REFERENCES},
+        scorer = _Scorer(model, tokenizer, protocol, methods)
+        explained = {name: scorer.method(name) for name in methods}
+        ours = Evaluator(model, explained, {name: scorer.method(name) for name in OURS_REFERENCES},
                          exclude_special_tokens=True, show_progress=progress).run(batches)
         scores = dict(ours.scores)
         if protocol == "paper":
             # Every token ranked: the same scores, a second pass over the batches without exclusions.
-            paper = Evaluator(model, methods, {name: scorer.method(name) for name in PAPER_REFERENCES},
+            paper = Evaluator(model, explained, {name: scorer.method(name) for name in PAPER_REFERENCES},
                               show_progress=False).run(batches)
             scores.update(paper.scores)
             if ranking == "dense":
-                scores.update(_dense_correlations([scorer.records[int(batch["example_ids"][0])] for batch in batches]))
+                scores.update(_dense_correlations([scorer.records[int(batch["example_ids"][0])] for batch in batches], methods))
     finally:
         model.train(was_training)
     # The Evaluator numbers examples in batch order; the reproduction keeps the generator's.
@@ -511,7 +521,7 @@ def reproduce(
     num_attractors = np.concatenate([record["num_attractors"] for record in records])
     return Reproduction(
         correlations, subject_first, subject_tied, num_attractors, correct, has_attractors, seed,
-        time.perf_counter() - start, protocol, data, ranking, include_cls,
+        time.perf_counter() - start, protocol, data, ranking, include_cls, methods,
     )
 
 
@@ -626,9 +636,10 @@ class _Scorer:
     """Every score of a batch, computed once when the Evaluator asks for the first of them, and
     what the ground truth needs; the batches' records stay in :attr:`records` (by first example id)."""
 
-    def __init__(self, model: Any, tokenizer: Any, protocol: str) -> None:
+    def __init__(self, model: Any, tokenizer: Any, protocol: str, methods: tuple[str, ...]) -> None:
         self.model = model
         self.tokenizer = tokenizer
+        self.methods = methods
         self.references = {METHODS[name].title: METHODS[name].build(model, tokenizer) for name in ("blankout", "saliency")}
         # A float64 copy for the gradient sum: the user's model keeps its dtype.
         self.model64 = copy.deepcopy(model).double() if protocol == "paper" else None
@@ -652,7 +663,11 @@ class _Scorer:
         attentions = extract_attentions(self.model, ids, attention_mask=mask)
         scores = {
             name: METHODS[name].build(lambda _: attentions, self.tokenizer).attribute(ids, layer=None, attention_mask=mask)
-            for name in paper_methods()
+            if METHODS[name].from_attentions
+            else METHODS[name].build(self.model, self.tokenizer).attribute(
+                ids, layer=None, attention_mask=mask, **({"target": labels} if METHODS[name].class_specific else {})
+            )
+            for name in self.methods
         }
         scores[BLANK_OUT] = self.references[BLANK_OUT].attribute(
             ids, target=labels, attention_mask=mask, perturbations_per_eval=max(1, BLANK_OUT_SEQUENCES // len(ids))
@@ -666,8 +681,8 @@ class _Scorer:
         attractors = batch["attractor_positions"]
         with_attractors = (attractors >= 0).any(1)
         subject_first, subject_tied = {}, {}
-        for name in (*paper_methods(), *OURS_REFERENCES):
-            values = scores[name] if name in paper_methods() else scores[name][None]
+        for name in (*self.methods, *OURS_REFERENCES):
+            values = scores[name] if name in self.methods else scores[name][None]
             above, tied = _subject_versus_attractors(values, batch["subject_positions"], attractors)
             subject_first[name] = above[:, with_attractors].numpy()
             subject_tied[name] = tied[:, with_attractors].numpy()
@@ -681,12 +696,12 @@ class _Scorer:
         )
 
 
-def _dense_correlations(records: Sequence[dict[str, Any]]) -> dict[tuple, np.ndarray]:
+def _dense_correlations(records: Sequence[dict[str, Any]], methods: tuple[str, ...]) -> dict[tuple, np.ndarray]:
     """The authors' references against the attention methods with :func:`dense_rank_spearman`,
     every real token ranked; (N,) per key, in the order of ``records`` (the batches')."""
     parts: dict[tuple, list[np.ndarray]] = {}
     for record in records:
-        for method in paper_methods():
+        for method in methods:
             for reference in PAPER_REFERENCES:
                 for layer, values in enumerate(record["scores"][method], start=1):
                     rho = dense_rank_spearman(values, record["scores"][reference], record["mask"]).numpy()

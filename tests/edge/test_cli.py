@@ -96,8 +96,9 @@ def test_explain_all_methods_at_one_layer(model_dir, tmp_path, capsys):
     assert main(["explain", SENTENCE, "--layer", "3", "--out", str(out), "--model", str(model_dir)]) == 0
     printed = capsys.readouterr().out
     header = next(line for line in printed.splitlines() if line.startswith("token "))
-    assert header.split()[1:] == ["raw", "L3", "rollout", "L3", "flow", "L3", "saliency", "blankout"]
-    assert all(len(values) == 5 for occurrences in _table(printed).values() for values in occurrences)
+    assert header.split()[1:] == ["raw", "L3", "rollout", "L3", "flow", "L3", "gradient_rollout", "L3",
+                                  "value_zeroing", "L3", "alti", "L3", "norm", "L3", "saliency", "blankout"]
+    assert all(len(values) == 9 for occurrences in _table(printed).values() for values in occurrences)
     assert out.read_bytes().startswith(b"\x89PNG")
 
 
@@ -279,3 +280,15 @@ def test_reproduce_paper_protocol_prints_both_protocols(model_dir, tmp_path, cap
     assert printed.index("the authors' protocol") < printed.index("our protocol")
     assert "Spearman correlation with gradient sum, float64" in printed
     assert (tmp_path / "table1_abs_blank_out.csv").stat().st_size > 0
+
+
+def test_figures_and_explain_take_the_newer_methods_by_name(model_dir, tmp_path, capsys):
+    assert main(["figures", SENTENCE, "--out", str(tmp_path / "figs"), "--model", str(model_dir),
+                 "--methods", "alti", "gradient_rollout"]) == 0
+    assert (tmp_path / "figs" / "figure1.png").read_bytes().startswith(b"\x89PNG")
+    assert main(["explain", SENTENCE, "--method", "value_zeroing", "--out", str(tmp_path / "x.png"),
+                 "--model", str(model_dir)]) == 0
+    assert "value_zeroing L" in capsys.readouterr().out
+    assert main(["explain", SENTENCE, "--method", "alti", "--head", "1", "--out", str(tmp_path / "y.png"),
+                 "--model", str(model_dir)]) == 1
+    assert "--head is for the methods computed from attention weights" in capsys.readouterr().err

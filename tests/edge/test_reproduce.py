@@ -336,3 +336,11 @@ def test_short_data_is_short_and_mostly_without_attractors():
 def test_bad_protocol_arguments_raise_clear_errors(kwargs, message):
     with pytest.raises(ValueError, match=message):
         reproduce(4, progress=False, **kwargs)
+
+
+def test_the_tables_take_any_per_layer_method_by_name():
+    result = reproduce(num_samples=8, progress=False, methods=("alti", "gradient_rollout"))
+    assert {key[0] for key in result.correlations.scores} == {"alti", "gradient_rollout"}
+    assert result.subject_first["alti"].shape[0] == 6 and "| alti |" in result.to_markdown()
+    with pytest.raises(ValueError, match="names of per-layer methods"):
+        reproduce(num_samples=8, progress=False, methods=("saliency",))
