@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 
 import matplotlib
 import pytest
@@ -263,3 +264,23 @@ def test_encoder_decoder_positions_are_checked(tokenizer):
     assert len(bart.attribute(" ".join(["the"] * 31), target=" ".join(["are"] * 32)).output_tokens) == 32
     t5 = LLMAttentionAttribution(AttentionRollout(make_lm("t5", len(tokenizer))), tokenizer)  # relative positions
     assert len(t5.attribute(" ".join(["the"] * 80), target="are").input_tokens) == 81
+
+
+def test_flow_rows_come_from_one_kernel_call_on_one_graph(tokenizer, monkeypatch):
+    functional_flow = importlib.import_module("captum_attnflow.functional.flow")  # the module, not the function
+    model = make_lm("gpt2", len(tokenizer))
+    calls = []
+    kernel = functional_flow.max_flows
+    monkeypatch.setattr(
+        functional_flow, "max_flows", lambda cap, sources, *args: calls.append(sources) or kernel(cap, sources, *args)
+    )
+    target = "are . that the keys"
+    result = LLMAttentionAttribution(AttentionFlow(model), tokenizer).attribute(PROMPT, target=target, show_progress=True)
+    n_in = len(tokenizer(PROMPT)["input_ids"])
+    assert len(calls) == 1 and list(calls[0]) == list(range(n_in - 1, n_in + 4))
+    monkeypatch.setattr(functional_flow, "max_flows", kernel)
+    ids = tokenizer(f"{PROMPT} {target}", return_tensors="pt")["input_ids"]
+    for t in range(5):  # one flow call per output token gives the same rows
+        single = AttentionFlow(model).attribute(ids, position=n_in - 1 + t)[0]
+        torch.testing.assert_close(result.token_attr[t], single[:n_in])
+        torch.testing.assert_close(result.output_attr[t], single[n_in:])

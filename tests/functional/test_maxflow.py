@@ -127,6 +127,16 @@ def test_threshold_cuts_bound_causal_flows_and_mostly_meet_them():
         assert np.mean(np.minimum(bounds[: source + 1], cuts) <= exact + 1e-9) >= 0.95
 
 
+def test_progress_reports_every_source_and_changes_nothing():
+    graph = attention_graph(causal_sink(3, 20, seed=4)).weights[:, 0].numpy()
+    sources = np.arange(20)
+    done = []
+    values, gaps = max_flows(graph, sources, 2, done.append)
+    assert sum(done) == 20 and len(done) > 1
+    expected, expected_gaps = max_flows(graph, sources, 2)
+    assert np.array_equal(values, expected) and np.array_equal(gaps, expected_gaps)
+
+
 def test_memory_estimate_by_hand():
     # L=2, B=3, n=4: 32 edges per example; graph 4*3*32, kernel (9 + 16*2)*32, result 12*1*3*2*4.
     assert _memory.flow_bytes(layers=2, batch=3, n=4, num_sources=2, out_layers=1, threads=2) == 384 + 1312 + 288

@@ -39,6 +39,7 @@ returns that ``gap`` (cut capacity minus flow, measured) with every value as a c
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
 
 import numpy as np
 from numba import njit
@@ -51,6 +52,9 @@ EPS = 1e-12
 # of its own only with at least this much work, counted as (source, sink) pairs times graph
 # edges: a few milliseconds of kernel time.
 _WORK_PER_THREAD = 2_000_000
+# Sources per kernel call when progress is reported: small enough for regular updates, large
+# enough to keep every thread busy.
+_SOURCES_PER_UPDATE = 8
 
 
 @njit(cache=True)
@@ -567,7 +571,7 @@ def _max_flow(
 
 
 @njit(cache=True, nogil=True)
-def _max_flows_part(cap, cap_t, rows, cols, sources, causal, part, parts, values, gaps):
+def _max_flows_part(cap, cap_t, rows, cols, causal, sources, part, parts, values, gaps):
     """Fill ``values``/``gaps`` for the (source, sink) tasks ``part, part + parts, ...``."""
     layers, m, _ = cap.shape
     nodes = (layers + 1) * m
@@ -607,9 +611,12 @@ def _max_flows_part(cap, cap_t, rows, cols, sources, causal, part, parts, values
         )
 
 
-def max_flows(cap: np.ndarray, sources: np.ndarray, num_threads: int = 1) -> tuple[np.ndarray, np.ndarray]:
+def max_flows(
+    cap: np.ndarray, sources: np.ndarray, num_threads: int = 1, progress: Callable[[int], object] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Max-flow values from every (l, s), s in ``sources``, to every input node (0, t).
 
+    The graph's arrays (transpose, nonzero spans, causality) are built once for all sources.
     The (source, sink) pairs are split over up to ``num_threads`` threads (the calling one and
     new Python threads) running the compiled kernel without the GIL; fewer when the work is
     too small to pay for starting them. Threads rather than numba's ``prange``: with the OpenMP
@@ -621,6 +628,8 @@ def max_flows(cap: np.ndarray, sources: np.ndarray, num_threads: int = 1) -> tup
             as float32, so float32 values are taken exactly.
         sources: (S,) positions at layer l.
         num_threads: the most threads to use.
+        progress: called with the number of sources done, after every few sources (for a
+            progress bar); None runs all sources at once.
 
     Returns:
         values (S, m) and gaps (S, m), float64: ``values[a, t]`` is within ``gaps[a, t]``
@@ -629,25 +638,31 @@ def max_flows(cap: np.ndarray, sources: np.ndarray, num_threads: int = 1) -> tup
     cap = np.ascontiguousarray(cap, dtype=np.float32)
     cap_t = np.ascontiguousarray(cap.transpose(0, 2, 1))
     rows = _nonzero_spans(cap)
-    cols = _nonzero_spans(cap_t)
+    graph = (cap, cap_t, rows, _nonzero_spans(cap_t), _is_causal(rows))
     sources = np.ascontiguousarray(sources, dtype=np.int64)
     values = np.zeros((sources.shape[0], cap.shape[1]))
     gaps = np.zeros_like(values)
-    causal = _is_causal(rows)
-    parts = max(1, min(num_threads, values.size * cap.size // _WORK_PER_THREAD))
+    step = max(1, sources.shape[0] if progress is None else _SOURCES_PER_UPDATE)
+    for start in range(0, sources.shape[0], step):
+        chunk = slice(start, start + step)
+        _run_parts(graph, sources[chunk], num_threads, values[chunk], gaps[chunk])
+        if progress is not None:
+            progress(sources[chunk].shape[0])
+    return values, gaps
+
+
+def _run_parts(graph: tuple, sources: np.ndarray, num_threads: int, values: np.ndarray, gaps: np.ndarray) -> None:
+    """Fill ``values`` and ``gaps`` (S, m) for ``sources`` on up to ``num_threads`` threads."""
+    parts = max(1, min(num_threads, values.size * graph[0].size // _WORK_PER_THREAD))
     if parts == 1:
-        _max_flows_part(cap, cap_t, rows, cols, sources, causal, 0, 1, values, gaps)
-        return values, gaps
+        _max_flows_part(*graph, sources, 0, 1, values, gaps)
+        return
     with ThreadPoolExecutor(parts - 1) as pool:
-        others = [
-            pool.submit(_max_flows_part, cap, cap_t, rows, cols, sources, causal, part, parts, values, gaps)
-            for part in range(1, parts)
-        ]
+        others = [pool.submit(_max_flows_part, *graph, sources, part, parts, values, gaps) for part in range(1, parts)]
         # The calling thread runs part 0 itself rather than wait: one thread fewer to start.
-        _max_flows_part(cap, cap_t, rows, cols, sources, causal, 0, parts, values, gaps)
+        _max_flows_part(*graph, sources, 0, parts, values, gaps)
         for done in others:
             done.result()
-    return values, gaps
 
 
 def _nonzero_spans(cap: np.ndarray) -> np.ndarray:
