@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 
 import matplotlib
 import pytest
@@ -224,3 +225,62 @@ def test_errors_name_the_fix(tokenizer):
         t5.attribute(PROMPT, target=TARGET, receptive_field=True)
     with pytest.raises(TypeError, match="head_fusion and residual_alpha"):
         t5.attribute(PROMPT, target=TARGET, normalize=True)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_input_errors_name_the_problem(arch, tokenizer):
+    explainer = LLMAttentionAttribution(AttentionRollout(make_lm(arch, len(tokenizer))), tokenizer)  # 64 positions
+    with pytest.raises(ValueError, match=f"token id {len(tokenizer) + 5} is outside the model's vocabulary"):
+        explainer.attribute(PROMPT, target=torch.tensor([len(tokenizer) + 5]))
+    with pytest.raises(ValueError, match="token ids must be >= 0"):
+        explainer.attribute(PROMPT, target=torch.tensor([-1]))
+    with pytest.raises(TypeError, match="integer token ids, got dtype torch.float32"):
+        explainer.attribute(PROMPT, target=torch.tensor([1.0]))
+    with pytest.raises(ValueError, match="1-D token ids"):
+        explainer.attribute(PROMPT, target=torch.tensor([[1]]))
+    with pytest.raises(ValueError, match="the prompt has 71 tokens but .* 64 positions"):
+        explainer.attribute(" ".join(["the"] * 70), target="are")
+    with pytest.raises(ValueError, match="prompt and target have 61 \\+ 10 tokens but .* 64 positions"):
+        explainer.attribute(" ".join(["the"] * 60), target=" ".join(["are"] * 10))
+    for empty in ["", "[CLS]", "[CLS] [PAD]"]:
+        with pytest.raises(ValueError, match="the prompt is empty"):
+            explainer.attribute(empty, target="are")
+        with pytest.raises(ValueError, match="the prompt is empty"):
+            explainer.attribute([PROMPT, empty])
+
+
+def test_generation_stops_at_the_last_position(tokenizer):
+    explainer = LLMAttentionAttribution(AttentionRollout(make_lm("gpt2", len(tokenizer))), tokenizer)
+    result = explainer.attribute(" ".join(["the"] * 60), max_new_tokens=25)  # 61 prompt tokens, 64 positions
+    assert 1 <= len(result.output_tokens) <= 3
+
+
+def test_encoder_decoder_positions_are_checked(tokenizer):
+    bart = LLMAttentionAttribution(AttentionRollout(make_lm("bart", len(tokenizer))), tokenizer)  # 32 positions
+    with pytest.raises(ValueError, match="the prompt has 41 tokens but BartForConditionalGeneration has 32 positions"):
+        bart.attribute(" ".join(["the"] * 40), target="are")
+    with pytest.raises(ValueError, match="the target has 33 tokens but BartForConditionalGeneration has 32 positions"):
+        bart.attribute(PROMPT, target=" ".join(["are"] * 33))
+    assert len(bart.attribute(" ".join(["the"] * 31), target=" ".join(["are"] * 32)).output_tokens) == 32
+    t5 = LLMAttentionAttribution(AttentionRollout(make_lm("t5", len(tokenizer))), tokenizer)  # relative positions
+    assert len(t5.attribute(" ".join(["the"] * 80), target="are").input_tokens) == 81
+
+
+def test_flow_rows_come_from_one_kernel_call_on_one_graph(tokenizer, monkeypatch):
+    functional_flow = importlib.import_module("captum_attnflow.functional.flow")  # the module, not the function
+    model = make_lm("gpt2", len(tokenizer))
+    calls = []
+    kernel = functional_flow.max_flows
+    monkeypatch.setattr(
+        functional_flow, "max_flows", lambda cap, sources, *args: calls.append(sources) or kernel(cap, sources, *args)
+    )
+    target = "are . that the keys"
+    result = LLMAttentionAttribution(AttentionFlow(model), tokenizer).attribute(PROMPT, target=target, show_progress=True)
+    n_in = len(tokenizer(PROMPT)["input_ids"])
+    assert len(calls) == 1 and list(calls[0]) == list(range(n_in - 1, n_in + 4))
+    monkeypatch.setattr(functional_flow, "max_flows", kernel)
+    ids = tokenizer(f"{PROMPT} {target}", return_tensors="pt")["input_ids"]
+    for t in range(5):  # one flow call per output token gives the same rows
+        single = AttentionFlow(model).attribute(ids, position=n_in - 1 + t)[0]
+        torch.testing.assert_close(result.token_attr[t], single[:n_in])
+        torch.testing.assert_close(result.output_attr[t], single[n_in:])

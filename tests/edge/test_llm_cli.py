@@ -71,6 +71,11 @@ def test_generate_errors_are_clear(tmp_path, capsys):
     assert main(["generate", PROMPT, "--model", str(tmp_path / "missing"), "--out", str(tmp_path / "x.png")]) == 1
     error = capsys.readouterr().err
     assert error.startswith("captum-attnflow generate: error:") and "holds no config.json" in error
+    for empty in ["", "[CLS]"]:
+        assert main(["generate", empty, "--out", str(tmp_path / "x.png")]) == 1
+        error = capsys.readouterr().err
+        assert error.startswith("captum-attnflow generate: error: the prompt is empty")
+    assert not (tmp_path / "x.png").exists()
     with pytest.raises(SystemExit) as exit_info:
         main(["generate", PROMPT, "--method", "saliency"])
     assert exit_info.value.code == 2

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from captum_attnflow.functional import attention_graph, flow
 from captum_attnflow.functional import _memory
-from captum_attnflow.functional._maxflow import EPS, max_flows
+from captum_attnflow.functional._maxflow import EPS, _causal_bounds, _threshold_cut, max_flows
 from helpers import banded, causal_sink, peaked
 
 
@@ -95,6 +95,46 @@ def test_kernel_matches_networkx_on_sparse_graphs(graph):
     n = graph.shape[1]
     values, gaps = max_flows(graph, np.arange(n), 1)
     assert_certified(graph, values, gaps, reference(graph, range(n), range(n)))
+
+
+@settings(max_examples=40, deadline=None)
+@given(capacity_graphs())
+def test_kernel_matches_networkx_on_sparse_causal_graphs(graph):
+    # Edges only to the same or earlier positions: the kernel bounds each pair by threshold cuts
+    # and skips the positions before the sink; sinks after the source get 0.
+    graph = np.tril(graph)
+    n = graph.shape[1]
+    values, gaps = max_flows(graph, np.arange(n), 1)
+    assert_certified(graph, values, gaps, reference(graph, range(n), range(n)))
+
+
+def test_threshold_cuts_bound_causal_flows_and_mostly_meet_them():
+    # Near-uniform causal attention, as a language model with random weights has: the least
+    # threshold cut is the max flow for most pairs, which the first phase then reaches.
+    generator = torch.Generator().manual_seed(5)
+    logits = 0.1 * torch.randn(4, 1, 2, 24, 24, generator=generator)
+    attentions = torch.softmax(logits.masked_fill(torch.ones(24, 24, dtype=torch.bool).triu(1), float("-inf")), -1)
+    graph = attention_graph(attentions).weights[:, 0].numpy()
+    graph_t = np.ascontiguousarray(graph.transpose(0, 2, 1))
+    bounds, below, left, scratch = np.zeros(24), np.zeros((4, 24)), np.zeros((4, 24)), np.zeros((3, 25))
+    for source in (23, 15, 6):
+        _causal_bounds(graph, graph_t, source, bounds, below, left)
+        cuts = np.array([_threshold_cut(graph, graph_t, source, t, *scratch) for t in range(source + 1)])
+        exact = reference(graph.astype(np.float64), [source], range(source + 1))[0]
+        assert (bounds[: source + 1] >= exact - 1e-12).all() and (cuts >= exact - 1e-12).all()
+        assert (bounds[source + 1 :] == 0).all()
+        assert np.mean(bounds[: source + 1] <= exact + 1e-9) >= 0.6
+        assert np.mean(np.minimum(bounds[: source + 1], cuts) <= exact + 1e-9) >= 0.95
+
+
+def test_progress_reports_every_source_and_changes_nothing():
+    graph = attention_graph(causal_sink(3, 20, seed=4)).weights[:, 0].numpy()
+    sources = np.arange(20)
+    done = []
+    values, gaps = max_flows(graph, sources, 2, done.append)
+    assert sum(done) == 20 and len(done) > 1
+    expected, expected_gaps = max_flows(graph, sources, 2)
+    assert np.array_equal(values, expected) and np.array_equal(gaps, expected_gaps)
 
 
 def test_memory_estimate_by_hand():

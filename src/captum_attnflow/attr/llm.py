@@ -19,7 +19,7 @@ from captum_attnflow.functional.encoder_decoder import (
     encoder_decoder_raw_attention,
     encoder_decoder_rollout,
 )
-from captum_attnflow.hf import seq2seq_attentions
+from captum_attnflow.hf import check_token_ids, seq2seq_attentions
 
 try:  # transformers is a dependency, but keep the import error readable
     from transformers import PreTrainedModel
@@ -140,7 +140,8 @@ class LLMAttentionAttribution(Attribution):
                 A list, one per prompt, for a list of prompts.
             layer: explain the positions after this layer, 1..L or negative from the top
                 (of the decoder for an encoder-decoder). Default: -1, the last.
-            max_new_tokens: the longest generated target.
+            max_new_tokens: the longest generated target; generation also stops at the model's
+                last position.
             receptive_field: divide each score by the number of positions that can attend to
                 the token within the explained position's context: for position :math:`p`
                 and token :math:`j \\le p` of a causal model, :math:`p - j + 1`. Causal
@@ -163,6 +164,12 @@ class LLMAttentionAttribution(Attribution):
             over the output; ``output_attr``, ``sink_attr``, ``decoder_start_attr`` (see the
             class); ``input_tokens`` and ``output_tokens`` as ``tokenizer.convert_ids_to_tokens``
             gives them. A list of them for a list of prompts.
+
+        Raises:
+            ValueError: an empty prompt (only special tokens), token ids outside the model's
+                vocabulary, a prompt (and target) longer than the model's positions, an empty
+                target.
+            TypeError: a target that is neither text, integer token ids nor None.
 
         Example::
 
@@ -205,7 +212,7 @@ class LLMAttentionAttribution(Attribution):
             )
         inputs = [prompt if isinstance(prompt, TextTokenInput) else self._text_input(prompt) for prompt in prompts]
         device = next(self.model.parameters()).device
-        prompt_ids = [text.inp_tensor[0].to(device) for text in inputs]
+        prompt_ids = [self._prompt_ids(text, device) for text in inputs]
         output_ids = [self._target_ids(ids, t, max_new_tokens, device) for ids, t in zip(prompt_ids, targets)]
         if self.encoder_decoder:
             rows = self._encoder_decoder_rows(prompt_ids, output_ids, layer, kwargs)
@@ -222,12 +229,59 @@ class LLMAttentionAttribution(Attribution):
             raise TypeError(f"inp must be a prompt string or captum.attr.TextTokenInput, got {type(prompt).__name__}.")
         return TextTokenInput(prompt, self.tokenizer)
 
+    def _prompt_ids(self, text: TextTokenInput, device: torch.device) -> Tensor:
+        """The prompt's token ids (n_in,), checked: some text, in the vocabulary, within the positions."""
+        ids = text.inp_tensor[0].to(device)
+        special = set(getattr(self.tokenizer, "all_special_ids", ()))
+        if all(token in special for token in ids.tolist()):
+            raise ValueError(
+                f"the prompt is empty: it holds no token besides the tokenizer's special ones "
+                f"({self.tokenizer.convert_ids_to_tokens(ids.tolist())}); pass the text to continue."
+            )
+        check_token_ids(ids[None], self.model)
+        room = self._room(ids)
+        if room is not None and room < 1:
+            raise ValueError(
+                f"the prompt has {ids.numel()} tokens but {type(self.model).__name__} has {self._positions()} "
+                f"positions{'' if self.encoder_decoder else ', one of them for the first output token'}; "
+                "shorten the prompt."
+            )
+        return ids
+
+    def _positions(self) -> int | None:
+        """The longest input the model's position embeddings allow, None when unbounded (relative positions)."""
+        config = self.model.config
+        for name in ("n_positions", "max_position_embeddings"):
+            if isinstance(getattr(config, name, None), int):
+                return getattr(config, name)
+        return None
+
+    def _room(self, prompt: Tensor) -> int | None:
+        """How many output tokens fit in the positions after ``prompt`` (n_in,), None if unbounded.
+
+        A decoder-only model reads prompt + target; an encoder-decoder's encoder reads the prompt
+        (room 0 if it does not fit) and its decoder the start token and all output tokens but the last.
+        """
+        positions = self._positions()
+        if positions is None:
+            return None
+        if self.encoder_decoder:
+            return positions if prompt.numel() <= positions else 0
+        return positions - prompt.numel()
+
     def _target_ids(self, prompt: Tensor, target: Any, max_new_tokens: int, device: torch.device) -> Tensor:
-        """The output token ids (n_out,): the target's, or the greedy continuation of ``prompt``."""
+        """The output token ids (n_out,): the target's, or the greedy continuation of ``prompt``
+        (at most ``max_new_tokens``, and no more than the model's positions leave)."""
+        room = self._room(prompt)
         if isinstance(target, str):
             ids = torch.tensor(self.tokenizer.encode(target, add_special_tokens=False), dtype=torch.long, device=device)
         elif isinstance(target, Tensor):
-            if target.dim() != 1 or target.dtype.is_floating_point:
+            if target.dtype == torch.bool or target.dtype.is_floating_point or target.dtype.is_complex:
+                raise TypeError(
+                    f"target as a tensor must hold integer token ids, got dtype {target.dtype}; pass e.g. "
+                    "torch.tensor(tokenizer.encode(text, add_special_tokens=False)), or the text itself."
+                )
+            if target.dim() != 1:
                 raise ValueError(f"target as a tensor must be 1-D token ids (n_out,), got shape {tuple(target.shape)}.")
             ids = target.to(device, torch.long)
         elif target is None:
@@ -235,7 +289,7 @@ class LLMAttentionAttribution(Attribution):
                 generated = self.model.generate(
                     input_ids=prompt[None],
                     attention_mask=torch.ones_like(prompt)[None],
-                    max_new_tokens=max_new_tokens,
+                    max_new_tokens=max_new_tokens if room is None else min(max_new_tokens, room),
                     do_sample=False,
                     num_beams=1,
                     pad_token_id=_pad_id(self.tokenizer, self.model),
@@ -246,6 +300,17 @@ class LLMAttentionAttribution(Attribution):
             raise TypeError(f"target must be a string, a 1-D tensor of token ids or None, got {type(target).__name__}.")
         if ids.numel() == 0:
             raise ValueError("the target has no tokens: pass a non-empty target, or None to generate one.")
+        try:
+            check_token_ids(ids[None], self.model)
+        except ValueError as error:
+            raise ValueError(f"target: {error}") from None
+        if room is not None and ids.numel() > room:
+            lengths = f"{ids.numel()}" if self.encoder_decoder else f"{prompt.numel()} + {ids.numel()}"
+            raise ValueError(
+                f"{'the target has' if self.encoder_decoder else 'prompt and target have'} {lengths} tokens but "
+                f"{type(self.model).__name__} has {self._positions()} positions; shorten the "
+                f"{'target' if self.encoder_decoder else 'prompt or the target'}."
+            )
         return ids
 
     def _decoder_rows(

@@ -18,11 +18,20 @@ bound for about 99 % of the pairs and ends the search; later phases reroute flow
 residual (upward) edges, which is what the trivial bounds cannot capture (causal attention
 with a sink needs them for most pairs).
 
+A causal graph (a decoder's attention: edges only to the same or earlier positions) gets
+tighter cuts than the trivial ones: only positions between the sink and the source matter,
+and the least of the cuts that put the positions above a threshold on the source's side
+(:func:`_causal_bounds`, all sinks of a source in O(l n^2)) is, on a language model's
+attention, usually the max flow itself. The first phase is given that bound as its budget and
+skips the positions before the sink, so reaching it settles the pair without a breadth-first
+search or a cut; where it stops below, a wider family of cuts (:func:`_threshold_cut`, one
+threshold per layer and a free side for every layer-1 node) often still proves it maximal.
+
 Capacities are stored in float32 (the attention graph's own precision, so nothing is rounded),
 flows and sums in float64. A residual capacity counts as positive only above ``EPS``. When the
-search stops, either the flow equals a trivial bound (the source's out-capacity or the sink's
-in-capacity, both cuts), or the nodes reachable from the source through residual capacity
-above ``EPS`` form a cut whose capacity exceeds the flow found by at most ``EPS`` per crossing
+search stops, either the flow equals one of these bounds (the source's out-capacity, the
+sink's in-capacity or a causal graph's threshold cuts, all cuts), or the nodes reachable from
+the source through residual capacity above ``EPS`` form a cut whose capacity exceeds the flow found by at most ``EPS`` per crossing
 edge. Either way ``0 <= max_flow - value <= gap <= EPS * (number of edges)``, and the kernel
 returns that ``gap`` (cut capacity minus flow, measured) with every value as a certificate.
 """
@@ -30,6 +39,7 @@ returns that ``gap`` (cut capacity minus flow, measured) with every value as a c
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
 
 import numpy as np
 from numba import njit
@@ -42,6 +52,9 @@ EPS = 1e-12
 # of its own only with at least this much work, counted as (source, sink) pairs times graph
 # edges: a few milliseconds of kernel time.
 _WORK_PER_THREAD = 2_000_000
+# Sources per kernel call when progress is reported: small enough for regular updates, large
+# enough to keep every thread busy.
+_SOURCES_PER_UPDATE = 8
 
 
 @njit(cache=True)
@@ -234,7 +247,7 @@ def _into_sink(cap, cap_t, flow, sink_flow, skip, touched, i, j, sink, limit):
 
 
 @njit(cache=True)
-def _greedy_fill(cap, cap_t, flow, sink_flow, rows, source, sink, skip, ptr, path_i, room, got, touched, budget):
+def _greedy_fill(cap, cap_t, flow, sink_flow, rows, source, sink, skip, ptr, path_i, room, got, touched, budget, first):
     """Dinic's first phase: a blocking flow of the DAG itself, from (l, source) to (0, sink).
 
     A depth-first pass: the node at ``depth`` (layer l - depth, position ``path_i[depth]``)
@@ -244,14 +257,17 @@ def _greedy_fill(cap, cap_t, flow, sink_flow, rows, source, sink, skip, ptr, pat
     could not use its room can send nothing more and leaves the graph. Layer-2 nodes push
     into the sink through every live layer-1 node in one loop. Every node tries the node right
     below it first: with the residual term of the attention graph that edge is usually the
-    widest, and flow sent along it spreads over fewer edges, so fewer nodes are visited. Flows into the sink go to
+    widest, and flow sent along it spreads over fewer edges, so fewer nodes are visited. Nodes
+    at positions below ``first`` (known not to reach the sink) are never entered, and the pass
+    stops once ``budget`` (a cut's capacity, when known the least) has gone. Flows into the sink go to
     ``sink_flow`` (by layer-1 position), the others to ``flow`` (not to its transpose), and
     entries made nonzero are appended to ``touched``. Returns the flow value.
     """
     layers, m, _ = cap.shape
     for k in range(layers + 1):
         for j in range(m + 1):
-            skip[k, j] = j
+            # Positions below ``first`` never reach the sink: out of the graph from the start.
+            skip[k, j] = j if j >= first or k == 0 else first
     ptr[:] = 0
     path_i[0] = source
     room[0] = budget
@@ -380,15 +396,8 @@ def _clear(flow, flow_t, touched):
 
 
 @njit(cache=True)
-def _max_flow(
-    cap, cap_t, rows, cols, source, sink, flow, flow_t, dist, ptr, queue_k, queue_i, path_k, path_i, path_arc, touched,
-    skip, room, got, sink_flow,
-):
-    """Max flow from (l, source) to (0, sink) and its certified gap.
-
-    ``cap_t`` is ``cap`` transposed per layer. ``flow``, ``flow_t`` (its transpose) and
-    ``sink_flow`` must be zero on entry and are zero on exit; the other arrays are scratch.
-    """
+def _trivial_bound(cap, cap_t, source, sink):
+    """min(out-capacity of (l, source), in-capacity of (0, sink)): both are cuts."""
     layers, m, _ = cap.shape
     out_capacity = 0.0
     for j in range(m):
@@ -396,11 +405,140 @@ def _max_flow(
     in_capacity = 0.0
     for i in range(m):
         in_capacity += cap_t[0, sink, i]
-    bound = min(out_capacity, in_capacity)
+    return min(out_capacity, in_capacity)
+
+
+@njit(cache=True)
+def _causal_bounds(cap, cap_t, source, bounds, below, left):
+    """``bounds[t]``: the least capacity of the threshold cuts from (l, source) to every (0, t) of a causal graph.
+
+    In a causal graph (edges (k, i) -> (k-1, j) only for j <= i) the nodes at positions below
+    t never reach (0, t), and those above the source p are never reached, so a cut need only
+    separate positions t..p. For a threshold :math:`t \\le \\tau \\le p + 1`, put the source
+    and the nodes at positions :math:`\\ge \\tau` of layers 1..l-1 on the source's side; the
+    edges crossing into positions t..tau-1 (and into (0, t)) then carry at most
+
+    .. math::
+
+        C(\\tau) = \\sum_{j=t}^{\\tau-1} A_l[p, j] + \\sum_{k=2}^{l-1} G_k(\\tau)
+            + \\sum_{i=\\tau}^{p} A_1[i, t], \\quad
+        G_k(\\tau) = \\sum_{i=\\tau}^{p} \\sum_{j=t}^{\\tau-1} A_k[i, j].
+
+    :math:`\\tau = p + 1` is the source's out-capacity and :math:`\\tau = t` the sink's
+    in-capacity, both over positions t..p; on causal attention the minimum over tau is usually
+    the max flow itself, so that the first phase, stopped there, ends the search. Each step
+    :math:`\\tau \\to \\tau + 1` updates :math:`G_k` by :math:`\\sum_{i=\\tau+1}^{p} A_k[i, \\tau]`
+    (``below[k, tau]``, per source) minus :math:`\\sum_{j=t}^{\\tau-1} A_k[\\tau, j]`
+    (``left[k, tau]``, per sink, grown by one column as t falls): O(l p^2) for all sinks.
+    Sinks after the source get 0, exactly (no path reaches them).
+    """
+    layers, m, _ = cap.shape
+    p = source
+    bounds[:] = 0.0
+    below[:] = 0.0
+    left[:] = 0.0
+    for k in range(1, layers - 1):
+        for tau in range(p):
+            total = 0.0
+            for i in range(tau + 1, p + 1):
+                total += cap_t[k, tau, i]
+            below[k, tau] = total
+    cuts = np.zeros(layers)
+    for t in range(p, -1, -1):
+        for k in range(1, layers - 1):
+            for tau in range(t + 1, p + 1):
+                left[k, tau] += cap_t[k, t, tau]
+        into_sink = 0.0
+        for i in range(t, p + 1):
+            into_sink += cap_t[0, t, i]
+        best = into_sink
+        from_source = 0.0
+        cuts[:] = 0.0
+        for tau in range(t, p + 1):
+            from_source += cap[layers - 1, p, tau]
+            into_sink -= cap_t[0, t, tau]
+            total = from_source + into_sink
+            for k in range(1, layers - 1):
+                cuts[k] += below[k, tau] - left[k, tau]
+                total += cuts[k]
+            best = min(best, total)
+        bounds[t] = max(best, 0.0)
+
+
+@njit(cache=True)
+def _threshold_cut(cap, cap_t, source, sink, cost, following, row_sums):
+    """The least capacity of a wider family of cuts of a causal graph than :func:`_causal_bounds`'s.
+
+    Each layer k of 2..l-1 has its own threshold :math:`\\tau_k` (the source's side holds the
+    positions :math:`\\ge \\tau_k`, :math:`\\tau_l = p`), and each layer-1 node, whose one edge
+    to the sink is its only way out, takes the cheaper side: the cut costs
+
+    .. math::
+
+        \\sum_{k=3}^{l} F_k(\\tau_k, \\tau_{k-1})
+            + \\sum_{i=t}^{p} \\min\\Big(A_1[i, t], \\sum_{h=\\tau_2}^{p} A_2[h, i]\\Big), \\quad
+        F_k(a, b) = \\sum_{i=a}^{p} \\sum_{j=t}^{b-1} A_k[i, j],
+
+    minimised layer by layer (dynamic programming, O(l w^2) for the w = p - t + 1 positions
+    between sink and source). It finds the cuts near the sink that flow creeping towards it a
+    few positions per layer meets. ``cost``, ``following`` and ``row_sums`` are scratch of size
+    >= w + 1.
+    """
+    layers = cap.shape[0]
+    t, p = sink, source
+    w = p - t + 1
+    # cost[a]: the least cut of the layers above with threshold t + a at the current layer.
+    cost[: w + 1] = np.inf
+    cost[w - 1] = 0.0
+    for k in range(layers - 1, 1, -1):
+        following[: w + 1] = np.inf
+        row_sums[: w + 1] = 0.0  # row_sums[b] = F_k(t + a, t + b) for the current a
+        for a in range(w - 1, -1, -1):
+            prefix = 0.0
+            for b in range(1, w + 1):
+                prefix += cap[k, t + a, t + b - 1]
+                row_sums[b] += prefix
+            if cost[a] < np.inf:
+                for b in range(w + 1):
+                    following[b] = min(following[b], cost[a] + row_sums[b])
+        following[w] = min(following[w], cost[w])
+        cost[: w + 1] = following[: w + 1]
+    best = cost[w]
+    row_sums[: w + 1] = 0.0  # row_sums[i] = sum of A_2[h, t + i] over h >= t + a
+    for a in range(w - 1, -1, -1):
+        for i in range(a + 1):
+            row_sums[i] += cap[1, t + a, t + i]
+        if cost[a] < np.inf:
+            total = cost[a]
+            for i in range(w):
+                total += min(cap_t[0, t, t + i], row_sums[i])
+            best = min(best, total)
+    return max(best, 0.0)
+
+
+@njit(cache=True)
+def _max_flow(
+    cap, cap_t, rows, cols, source, sink, flow, flow_t, dist, ptr, queue_k, queue_i, path_k, path_i, path_arc, touched,
+    skip, room, got, sink_flow, cut_scratch, bound, causal,
+):
+    """Max flow from (l, source) to (0, sink), at most ``bound`` (a cut's capacity), and its certified gap.
+
+    ``cap_t`` is ``cap`` transposed per layer. In a ``causal`` graph the positions below the
+    sink are left out and, when the first phase ends below ``bound``, the threshold cuts of
+    :func:`_threshold_cut` may prove it maximal before any search. ``flow``, ``flow_t`` (its
+    transpose) and ``sink_flow`` must be zero on entry and are zero on exit; ``dist``, ``ptr``,
+    the queues and paths, ``skip``, ``room``, ``got`` and ``cut_scratch`` (3, m + 1) are scratch.
+    """
+    layers, m, _ = cap.shape
     if bound <= EPS:
         return 0.0, bound
     # The DAG's first blocking flow; later phases start from it.
-    value = _greedy_fill(cap, cap_t, flow, sink_flow, rows, source, sink, skip, ptr, path_i, room, got, touched, bound)
+    first = sink if causal else 0
+    value = _greedy_fill(
+        cap, cap_t, flow, sink_flow, rows, source, sink, skip, ptr, path_i, room, got, touched, bound, first
+    )
+    if causal and value < bound - EPS:
+        bound = min(bound, _threshold_cut(cap, cap_t, source, sink, cut_scratch[0], cut_scratch[1], cut_scratch[2]))
     if value < bound - EPS:
         # Later phases need the transposed flows and the sink's flows in ``flow``.
         if touched[0] >= touched.shape[0] - 1:
@@ -433,7 +571,7 @@ def _max_flow(
 
 
 @njit(cache=True, nogil=True)
-def _max_flows_part(cap, cap_t, rows, cols, sources, part, parts, values, gaps):
+def _max_flows_part(cap, cap_t, rows, cols, causal, sources, part, parts, values, gaps):
     """Fill ``values``/``gaps`` for the (source, sink) tasks ``part, part + parts, ...``."""
     layers, m, _ = cap.shape
     nodes = (layers + 1) * m
@@ -451,19 +589,34 @@ def _max_flows_part(cap, cap_t, rows, cols, sources, part, parts, values, gaps):
     room = np.empty(layers + 1)
     got = np.empty(layers + 1)
     sink_flow = np.zeros(m)
+    cut_scratch = np.empty((3, m + 1))
+    bounds = np.zeros(m)
+    below = np.zeros((layers, m))
+    left = np.zeros((layers, m))
+    current = -1
     # Interleaved tasks balance the parts: neighbouring sinks cost about the same.
     for task in range(part, sources.shape[0] * m, parts):
         a = task // m
         t = task % m
+        if causal:
+            if a != current:  # tasks run source by source: one sweep of the bounds per source
+                _causal_bounds(cap, cap_t, sources[a], bounds, below, left)
+                current = a
+            bound = bounds[t]
+        else:
+            bound = _trivial_bound(cap, cap_t, sources[a], t)
         values[a, t], gaps[a, t] = _max_flow(
             cap, cap_t, rows, cols, sources[a], t, flow, flow_t, dist, ptr, queue_k, queue_i, path_k, path_i, path_arc,
-            touched, skip, room, got, sink_flow,
+            touched, skip, room, got, sink_flow, cut_scratch, bound, causal,
         )
 
 
-def max_flows(cap: np.ndarray, sources: np.ndarray, num_threads: int = 1) -> tuple[np.ndarray, np.ndarray]:
+def max_flows(
+    cap: np.ndarray, sources: np.ndarray, num_threads: int = 1, progress: Callable[[int], object] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Max-flow values from every (l, s), s in ``sources``, to every input node (0, t).
 
+    The graph's arrays (transpose, nonzero spans, causality) are built once for all sources.
     The (source, sink) pairs are split over up to ``num_threads`` threads (the calling one and
     new Python threads) running the compiled kernel without the GIL; fewer when the work is
     too small to pay for starting them. Threads rather than numba's ``prange``: with the OpenMP
@@ -475,6 +628,8 @@ def max_flows(cap: np.ndarray, sources: np.ndarray, num_threads: int = 1) -> tup
             as float32, so float32 values are taken exactly.
         sources: (S,) positions at layer l.
         num_threads: the most threads to use.
+        progress: called with the number of sources done, after every few sources (for a
+            progress bar); None runs all sources at once.
 
     Returns:
         values (S, m) and gaps (S, m), float64: ``values[a, t]`` is within ``gaps[a, t]``
@@ -483,24 +638,31 @@ def max_flows(cap: np.ndarray, sources: np.ndarray, num_threads: int = 1) -> tup
     cap = np.ascontiguousarray(cap, dtype=np.float32)
     cap_t = np.ascontiguousarray(cap.transpose(0, 2, 1))
     rows = _nonzero_spans(cap)
-    cols = _nonzero_spans(cap_t)
+    graph = (cap, cap_t, rows, _nonzero_spans(cap_t), _is_causal(rows))
     sources = np.ascontiguousarray(sources, dtype=np.int64)
     values = np.zeros((sources.shape[0], cap.shape[1]))
     gaps = np.zeros_like(values)
-    parts = max(1, min(num_threads, values.size * cap.size // _WORK_PER_THREAD))
+    step = max(1, sources.shape[0] if progress is None else _SOURCES_PER_UPDATE)
+    for start in range(0, sources.shape[0], step):
+        chunk = slice(start, start + step)
+        _run_parts(graph, sources[chunk], num_threads, values[chunk], gaps[chunk])
+        if progress is not None:
+            progress(sources[chunk].shape[0])
+    return values, gaps
+
+
+def _run_parts(graph: tuple, sources: np.ndarray, num_threads: int, values: np.ndarray, gaps: np.ndarray) -> None:
+    """Fill ``values`` and ``gaps`` (S, m) for ``sources`` on up to ``num_threads`` threads."""
+    parts = max(1, min(num_threads, values.size * graph[0].size // _WORK_PER_THREAD))
     if parts == 1:
-        _max_flows_part(cap, cap_t, rows, cols, sources, 0, 1, values, gaps)
-        return values, gaps
+        _max_flows_part(*graph, sources, 0, 1, values, gaps)
+        return
     with ThreadPoolExecutor(parts - 1) as pool:
-        others = [
-            pool.submit(_max_flows_part, cap, cap_t, rows, cols, sources, part, parts, values, gaps)
-            for part in range(1, parts)
-        ]
+        others = [pool.submit(_max_flows_part, *graph, sources, part, parts, values, gaps) for part in range(1, parts)]
         # The calling thread runs part 0 itself rather than wait: one thread fewer to start.
-        _max_flows_part(cap, cap_t, rows, cols, sources, 0, parts, values, gaps)
+        _max_flows_part(*graph, sources, 0, parts, values, gaps)
         for done in others:
             done.result()
-    return values, gaps
 
 
 def _nonzero_spans(cap: np.ndarray) -> np.ndarray:
@@ -516,3 +678,10 @@ def _nonzero_spans(cap: np.ndarray) -> np.ndarray:
     lo[empty] = 0
     hi[empty] = 0
     return np.ascontiguousarray(np.stack([lo, hi], -1), dtype=np.int64)
+
+
+def _is_causal(rows: np.ndarray) -> bool:
+    """Whether every edge (k, i) -> (k-1, j) of the (l, m, 2) row spans has j <= i, over at least two layers
+    (with one, the source's edge into the sink is the whole graph)."""
+    positions = np.arange(rows.shape[1])
+    return rows.shape[0] >= 2 and bool((rows[..., 1] <= positions + 1).all())

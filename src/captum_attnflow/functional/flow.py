@@ -36,9 +36,6 @@ from captum_attnflow.functional.rollout import HEAD_DOC
 # Below about this many edge visits (pairs x layers x n^2) a call takes well under a second,
 # and a progress bar would only flicker.
 _PROGRESS_WORK = 2e9
-# Sources per kernel call when a progress bar is shown: small enough for regular updates,
-# large enough to keep every core busy.
-_SOURCES_PER_UPDATE = 8
 
 
 @fill_docstring(position=POSITION_DOC, head=HEAD_DOC)
@@ -124,7 +121,6 @@ def flow(
     progress = tqdm(
         total=len(layers) * len(heads) * batch * num_sources, desc="attention flow", unit="source", disable=not show
     )
-    per_call = _SOURCES_PER_UPDATE if show else num_sources
     try:
         for b in range(batch):
             keep = np.flatnonzero(real[b])
@@ -141,11 +137,9 @@ def flow(
                         cap = np.ascontiguousarray(caps[: index + 1, b][:, keep[:, None], keep])
                     if k is not None:  # Appendix A.1: head k on top, the layers below fused
                         cap[index] = head_caps[index, b, k][keep[:, None], keep]
-                    for start in range(0, valid.size, per_call):
-                        chunk = valid[start : start + per_call]
-                        result, _ = max_flows(cap, example_sources[chunk], threads)
-                        values[out, slot, b, chunk[:, None], keep[None, :]] = result
-                        progress.update(chunk.size)
+                    # All sources of the example in one call on one graph: its arrays are built once.
+                    result, _ = max_flows(cap, example_sources[valid], threads, progress.update if show else None)
+                    values[out, slot, b, valid[:, None], keep[None, :]] = result
                     progress.update(num_sources - valid.size)
     finally:
         torch.set_num_threads(torch_threads)
