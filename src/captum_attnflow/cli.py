@@ -445,7 +445,7 @@ def _add_generate(commands: Any) -> None:
     generate.add_argument("prompt", help='the prompt, e.g. "the keys to the cabinet"')
     generate.add_argument("--target", help="explain this continuation instead of generating one")
     generate.add_argument(
-        "--method", choices=paper_methods(), default="rollout", help="attribution method (default: rollout)"
+        "--method", choices=attention_methods(), default="rollout", help="attribution method (default: rollout)"
     )
     generate.add_argument(
         "--layer", type=_positive, default=None, metavar="N", help="explain after layer N (default: the last)"

@@ -10,7 +10,16 @@ import torch
 import transformers
 from captum.attr import LLMAttributionResult, TextTokenInput
 
-from captum_attnflow import AttentionFlow, AttentionRollout, LLMAttentionAttribution, RawAttention
+from captum_attnflow import (
+    ALTI,
+    AttentionFlow,
+    AttentionNorm,
+    AttentionRollout,
+    GradientWeightedRollout,
+    LLMAttentionAttribution,
+    RawAttention,
+    ValueZeroing,
+)
 from captum_attnflow.functional.encoder_decoder import (
     encoder_decoder_flow,
     encoder_decoder_raw_attention,
@@ -284,3 +293,31 @@ def test_flow_rows_come_from_one_kernel_call_on_one_graph(tokenizer, monkeypatch
         single = AttentionFlow(model).attribute(ids, position=n_in - 1 + t)[0]
         torch.testing.assert_close(result.token_attr[t], single[:n_in])
         torch.testing.assert_close(result.output_attr[t], single[n_in:])
+
+
+@pytest.mark.parametrize("method", [GradientWeightedRollout, ALTI, ValueZeroing, AttentionNorm])
+def test_newer_methods_rows_are_their_single_position_attributions(causal_lm, tokenizer, method):
+    explainer = LLMAttentionAttribution(method(causal_lm), tokenizer)
+    result = explainer.attribute(PROMPT, target="are . that", layer=-1)
+    ids = tokenizer(f"{PROMPT} are . that", return_tensors="pt")["input_ids"]
+    n_in = len(tokenizer(PROMPT)["input_ids"])
+    for t in range(3):  # each written token explained for its own logit (gradients: batched backward)
+        target = {"target": ids[:, n_in + t]} if method is GradientWeightedRollout else {}
+        single = method(causal_lm).attribute(ids, position=n_in - 1 + t, **target)[0]
+        torch.testing.assert_close(result.token_attr[t], single[:n_in], atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(result.output_attr[t], single[n_in:], atol=1e-5, rtol=1e-4)
+    padded = explainer.attribute([PROMPT, "a dog"], target=["are . that", "is"], padding_side="left")
+    torch.testing.assert_close(padded[0].token_attr, result.token_attr, atol=1e-5, rtol=1e-4)
+
+
+def test_gradient_weighted_rollout_of_an_encoder_decoder(seq2seq, tokenizer):
+    method = GradientWeightedRollout(seq2seq)
+    result = LLMAttentionAttribution(method, tokenizer).attribute(PROMPT, target=TARGET)
+    source = tokenizer(PROMPT, return_tensors="pt")["input_ids"]
+    written = torch.tensor([tokenizer.convert_tokens_to_ids(result.output_tokens)])
+    start = seq2seq.config.decoder_start_token_id
+    decoder = torch.cat([torch.tensor([[start]]), written[:, :-1]], 1)
+    rows = method.encoder_decoder_rows(source, decoder, written)[0]
+    torch.testing.assert_close(result.token_attr, rows[:, : source.shape[1]])
+    with pytest.raises(TypeError, match="explains decoder-only models here"):
+        LLMAttentionAttribution(ALTI(seq2seq), tokenizer).attribute(PROMPT, target=TARGET)

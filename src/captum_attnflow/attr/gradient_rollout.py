@@ -98,15 +98,15 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         sources, has_axis = positions(position, mask)
         scores = target_scores(internals.output, target, internals.run_positions(sources))
         attentions = [_in_order(internals, p.detach()) for p in probabilities]
-        # A language model's positions each predict their own token: one gradient per position;
-        # a classifier's score is one for all positions.
+        # A language model's positions each predict their own token: one gradient per position,
+        # several at once (one batched backward per chunk); a classifier's score is one for all.
         count = sources.shape[1] if output_scores(internals.output).dim() == 3 else 1
+        chunk = max(1, _GRADIENT_NUMBERS // sum(p.numel() for p in probabilities))
         rows = []
-        for index in range(count):
-            gradients = torch.autograd.grad(scores[:, index].sum(), probabilities, retain_graph=index + 1 < count)
-            gradients = [_in_order(internals, g) for g in gradients]
-            explained = sources[:, index : index + 1] if count > 1 else sources
-            rows.append(gradient_weighted_rollout(attentions, gradients, explained, layer, mask))
+        for start in range(0, count, chunk):
+            for explained, gradients in _gradients(scores, probabilities, start, min(count, start + chunk), count):
+                gradients = [_in_order(internals, g) for g in gradients]
+                rows.append(gradient_weighted_rollout(attentions, gradients, sources[:, explained], layer, mask))
         result = torch.cat(rows, -2)
         return (result if has_axis else result.squeeze(-2)).to(inputs.device)
 
@@ -138,25 +138,47 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         internals, kinds = seq2seq_gradient_internals(
             self.forward_func, input_ids, decoder_input_ids, attention_mask, decoder_attention_mask
         )
-        logits = output_scores(internals.output)
+        probabilities = internals.probabilities
+        scores = output_scores(internals.output).gather(-1, target[..., None].to(probabilities[0].device)).squeeze(-1)
         layers = layer_indices(layer, kinds.count("cross"))
+        count = decoder_input_ids.shape[1]
+        chunk = max(1, _GRADIENT_NUMBERS // sum(p.numel() for p in probabilities))
         rows = []
-        for t in range(decoder_input_ids.shape[1]):
-            score = logits[:, t].gather(-1, target[:, t : t + 1].to(logits.device)).sum()
-            gradients = torch.autograd.grad(score, internals.probabilities, retain_graph=t + 1 < decoder_input_ids.shape[1])
-            pairs = {
-                kind: (
-                    [p.detach() for p, k in zip(internals.probabilities, kinds) if k == kind],
-                    [g for g, k in zip(gradients, kinds) if k == kind],
+        for start in range(0, count, chunk):
+            for position, gradients in _gradients(scores, probabilities, start, min(count, start + chunk), count):
+                pairs = {
+                    kind: (
+                        [p.detach() for p, k in zip(probabilities, kinds) if k == kind],
+                        [g for g, k in zip(gradients, kinds) if k == kind],
+                    )
+                    for kind in ("encoder", "decoder", "cross")
+                }
+                relevance = encoder_decoder_relevance(
+                    pairs["encoder"], pairs["decoder"], pairs["cross"], attention_mask, decoder_attention_mask
                 )
-                for kind in ("encoder", "decoder", "cross")
-            }
-            relevance = encoder_decoder_relevance(
-                pairs["encoder"], pairs["decoder"], pairs["cross"], attention_mask, decoder_attention_mask
-            )
-            rows.append(relevance[layers, :, t])
-        result = torch.stack(rows, -2)  # (layers, B, m, n_s + m)
+                rows.append(relevance[layers, :, position])
+        result = torch.cat(rows, -2)  # (layers, B, m, n_s + m)
         return result[0] if layer is not None else result
+
+
+def _gradients(
+    scores: Tensor, probabilities: list[Tensor], start: int, stop: int, count: int
+) -> list[tuple[slice, tuple[Tensor, ...]]]:
+    """``(positions, gradients of their score)`` for the explained positions start..stop of
+    ``count``: one slice of all S positions when ``count`` is 1 (a classifier's one score), else
+    each position's own, from one batched backward (``is_grads_batched``)."""
+    last = stop == count
+    if count == 1:
+        return [(slice(None), torch.autograd.grad(scores[:, 0].sum(), probabilities))]
+    selector = torch.zeros(stop - start, *scores.shape, device=scores.device)
+    selector[torch.arange(stop - start), :, torch.arange(start, stop)] = 1.0
+    batched = torch.autograd.grad(scores, probabilities, grad_outputs=selector, is_grads_batched=True, retain_graph=not last)
+    return [(slice(start + k, start + k + 1), tuple(g[k] for g in batched)) for k in range(stop - start)]
+
+
+# Gradients of this many numbers (all layers' probabilities, one copy per explained position)
+# are computed in one batched backward.
+_GRADIENT_NUMBERS = 2**27
 
 
 def _in_order(internals: Internals, layer: Tensor) -> Tensor:

@@ -10,9 +10,13 @@ import torch
 from captum.attr import Attribution, LLMAttributionResult, TextTokenInput
 from torch import Tensor, nn
 
+from captum_attnflow.attr.alti import ALTI
+from captum_attnflow.attr.attention_norm import AttentionNorm
 from captum_attnflow.attr.flow import AttentionFlow
+from captum_attnflow.attr.gradient_rollout import GradientWeightedRollout
 from captum_attnflow.attr.raw_attention import RawAttention
 from captum_attnflow.attr.rollout import AttentionRollout
+from captum_attnflow.attr.value_zeroing import ValueZeroing
 from captum_attnflow.extraction import extract_attentions
 from captum_attnflow.functional.encoder_decoder import (
     encoder_decoder_flow,
@@ -70,7 +74,7 @@ class LLMAttentionAttributionResult(LLMAttributionResult):
 
 
 class LLMAttentionAttribution(Attribution):
-    """Raw attention, rollout or flow of a language model's prompt for each token it writes.
+    """An attention method's scores of a language model's prompt for each token it writes.
 
     Mirrors Captum's :class:`~captum.attr.LLMAttribution`: wrap an attention method and a
     tokenizer, call :meth:`attribute` with a prompt and a target (or none, to generate one),
@@ -85,23 +89,33 @@ class LLMAttentionAttribution(Attribution):
       (encoder) and the decoder start token + target (decoder); row :math:`t` is decoder
       position :math:`t` in the joint graph of encoder self-, decoder self- and cross-attention
       (:mod:`captum_attnflow.functional.encoder_decoder`), after decoder layer ``layer``.
+    * :class:`~captum_attnflow.GradientWeightedRollout` explains each output token by the
+      gradient of its own logit at the position that writes it (all positions from one forward
+      pass and batched backward passes); on an encoder-decoder with Chefer et al.'s co-attention
+      rules (:meth:`~captum_attnflow.GradientWeightedRollout.encoder_decoder_rows`).
+      :class:`~captum_attnflow.ValueZeroing`, :class:`~captum_attnflow.ALTI` and
+      :class:`~captum_attnflow.AttentionNorm` explain decoder-only models of the architecture table.
 
     Args:
         attr_method: a :class:`~captum_attnflow.RawAttention`,
-            :class:`~captum_attnflow.AttentionRollout` or :class:`~captum_attnflow.AttentionFlow`
-            built on the Hugging Face model itself.
+            :class:`~captum_attnflow.AttentionRollout`, :class:`~captum_attnflow.AttentionFlow`,
+            :class:`~captum_attnflow.GradientWeightedRollout`, :class:`~captum_attnflow.ValueZeroing`,
+            :class:`~captum_attnflow.ALTI` or :class:`~captum_attnflow.AttentionNorm` built on the
+            Hugging Face model itself.
         tokenizer: the model's tokenizer.
 
     Raises:
         TypeError: another method, or a model that is neither a causal LM nor an encoder-decoder.
     """
 
-    SUPPORTED_METHODS = (RawAttention, AttentionRollout, AttentionFlow)
+    SUPPORTED_METHODS = (
+        RawAttention, AttentionRollout, AttentionFlow, GradientWeightedRollout, ValueZeroing, ALTI, AttentionNorm,
+    )
 
     def __init__(self, attr_method: Attribution, tokenizer: Any) -> None:
         if not isinstance(attr_method, self.SUPPORTED_METHODS):
             raise TypeError(
-                f"LLMAttentionAttribution wraps RawAttention, AttentionRollout or AttentionFlow, got "
+                f"LLMAttentionAttribution wraps {', '.join(m.__name__ for m in self.SUPPORTED_METHODS)}, got "
                 f"{type(attr_method).__name__}; for Captum's own methods use captum.attr.LLMAttribution."
             )
         model = attr_method.forward_func
@@ -322,17 +336,22 @@ class LLMAttentionAttribution(Attribution):
             raise ValueError(f'padding_side must be "left" or "right", got {side!r}.')
         sequences = [torch.cat([p, o]) for p, o in zip(prompts, outputs)]
         ids, mask, offsets = _pad(sequences, _pad_id(self.tokenizer, self.model), side)
-        # One forward pass; every predicting position is then explained from the same maps.
-        attentions = extract_attentions(self.model, ids, None, mask)
-        replay = type(self.attr_method)(lambda _inputs: attentions)
         lengths = torch.tensor([o.numel() for o in outputs], device=ids.device)
         starts = torch.tensor([off + p.numel() - 1 for off, p in zip(offsets, prompts)], device=ids.device)
         # All predicting positions in one call, (B, max n_out): examples with fewer output tokens
         # repeat their last one; those rows are dropped below.
         steps = torch.arange(int(lengths.max()), device=ids.device)
         position = starts[:, None] + torch.minimum(lengths[:, None] - 1, steps[None, :])
+        if type(self.attr_method) in _JOINT_GRAPH:
+            # One forward pass; every predicting position is then explained from the same maps.
+            attentions = extract_attentions(self.model, ids, None, mask)
+            method = type(self.attr_method)(lambda _inputs: attentions)
+        else:  # methods that read gradients or the model's internals run the model themselves, once
+            method = self.attr_method
+            if isinstance(method, GradientWeightedRollout):  # each position explains the token it writes
+                kwargs = {"target": ids.gather(1, position + 1), **kwargs}
         # (B, max n_out, N)
-        scores = replay.attribute(ids, position=position, layer=layer, attention_mask=mask, **kwargs)
+        scores = method.attribute(ids, position=position, layer=layer, attention_mask=mask, **kwargs)
         return [
             scores[b, : o.numel(), off : off + s.numel()]
             for b, (o, s, off) in enumerate(zip(outputs, sequences, offsets))
@@ -342,12 +361,17 @@ class LLMAttentionAttribution(Attribution):
         self, prompts: list[Tensor], outputs: list[Tensor], layer: int, kwargs: dict
     ) -> list[Tensor]:
         """Per example, (n_out, n_in + n_out): the joint-graph row of each decoder position."""
-        unknown = set(kwargs) - {"head_fusion", "residual_alpha"}
+        gradient = isinstance(self.attr_method, GradientWeightedRollout)
+        if not gradient and type(self.attr_method) not in _JOINT_GRAPH:
+            raise TypeError(
+                f"{type(self.attr_method).__name__} explains decoder-only models here; an encoder-decoder is explained "
+                "by RawAttention, AttentionRollout, AttentionFlow or GradientWeightedRollout."
+            )
+        unknown = set(kwargs) - ({"head_fusion", "residual_alpha"} if not gradient else set())
         if unknown:
             raise TypeError(
                 f"unexpected arguments {sorted(unknown)} for an encoder-decoder: it takes head_fusion and residual_alpha."
             )
-        options = {"residual_alpha": _default(self.attr_method, "residual_alpha"), **kwargs}
         start = self.model.config.decoder_start_token_id
         if start is None:
             raise ValueError(f"{type(self.model).__name__}.config.decoder_start_token_id is None; set it to run the decoder.")
@@ -355,11 +379,16 @@ class LLMAttentionAttribution(Attribution):
         source, source_mask, _ = _pad(prompts, pad, "right")
         decoder_inputs = [torch.cat([o.new_tensor([start]), o[:-1]]) for o in outputs]
         decoder, decoder_mask, _ = _pad(decoder_inputs, pad, "right")
-        maps = seq2seq_attentions(self.model, source, decoder, source_mask, decoder_mask)
-        scores = _JOINT_GRAPH[type(self.attr_method)](
-            maps.encoder, maps.decoder, maps.cross, layer=layer,
-            attention_mask=source_mask, decoder_attention_mask=decoder_mask, **options,
-        ).to(source.device)
+        if gradient:  # Chefer et al.'s co-attention rules, each position for the token it writes
+            written, _, _ = _pad(outputs, pad, "right")
+            scores = self.attr_method.encoder_decoder_rows(source, decoder, written, layer, source_mask, decoder_mask)
+        else:
+            options = {"residual_alpha": _default(self.attr_method, "residual_alpha"), **kwargs}
+            maps = seq2seq_attentions(self.model, source, decoder, source_mask, decoder_mask)
+            scores = _JOINT_GRAPH[type(self.attr_method)](
+                maps.encoder, maps.decoder, maps.cross, layer=layer,
+                attention_mask=source_mask, decoder_attention_mask=decoder_mask, **options,
+            ).to(source.device)
         n = source.shape[1]
         return [
             torch.cat([scores[b, : o.numel(), : p.numel()], scores[b, : o.numel(), n : n + o.numel()]], -1)
