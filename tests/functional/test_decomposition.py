@@ -12,7 +12,8 @@ from captum_attnflow.functional.decomposition import (
     attention_norms,
     cosine_distances,
     normalised_rows,
-    value_zeroing_contexts,
+    projected_values,
+    zeroed_attention_outputs,
 )
 
 
@@ -104,14 +105,18 @@ def test_attention_norms_are_the_length_of_each_tokens_share():
     assert torch.allclose(norms[1, 3, 0].double(), vector.norm())
 
 
-def test_zeroed_contexts_equal_attention_over_zeroed_values():
-    probabilities, values, _, _, _ = _layer(2)
-    contexts = value_zeroing_contexts(probabilities, values, torch.tensor([1, 4]))
+def test_zeroed_outputs_equal_attention_over_zeroed_values():
+    probabilities, values, _, weight, bias = _layer(2)
+
+    def attention_output(values):
+        return (probabilities @ values).transpose(1, 2).reshape(2, 5, 12) @ weight + bias
+
+    outputs = attention_output(values)
+    zeroed = zeroed_attention_outputs(probabilities, projected_values(values, weight), outputs, torch.tensor([1, 4]))
     for slot, token in enumerate([1, 4]):
-        zeroed = values.clone()
-        zeroed[:, :, token] = 0
-        expected = (probabilities @ zeroed).transpose(1, 2).reshape(2, 5, 12)
-        assert torch.allclose(contexts[:, slot], expected)
+        without = values.clone()
+        without[:, :, token] = 0
+        assert torch.allclose(zeroed[:, slot].double(), attention_output(without), atol=1e-5)
 
 
 def test_cosine_distances_and_row_normalisation():

@@ -221,15 +221,15 @@ def _distances_kernel(
                 out[b, i, j] = total
 
 
-def value_zeroing_contexts(probabilities: Tensor, values: Tensor, tokens: Tensor) -> Tensor:
-    """The attention layer's concatenated head outputs with token j's value vectors zeroed in
-    every head, for each j in ``tokens`` (J,): (B, J, n, H d),
-    :math:`\\sum_{k \\ne j} \\alpha^h_{ik} v^h_k = (\\alpha^h v^h)_i - \\alpha^h_{ij} v^h_j`
-    (attention is linear in the values, so one pass gives every zeroing)."""
-    batch, heads, n, size = values.shape
-    context = probabilities @ values  # (B, H, n, d)
-    removed = probabilities[:, :, :, tokens].permute(0, 3, 1, 2)[..., None] * values[:, :, tokens].transpose(1, 2)[:, :, :, None]
-    return (context[:, None] - removed).permute(0, 1, 3, 2, 4).reshape(batch, tokens.numel(), n, heads * size)
+def zeroed_attention_outputs(probabilities: Tensor, projected: Tensor, attention_outputs: Tensor, tokens: Tensor) -> Tensor:
+    """The attention layer's outputs with token j's value vectors zeroed in every head, for each
+    j in ``tokens`` (J,): (B, J, n, D),
+    :math:`o_i - \\sum_h \\alpha^h_{ij} f^h(x_j)` from the outputs ``attention_outputs`` (B, n, D)
+    (after the output projection) and the projected values ``projected`` (B, H, n, D)
+    (:func:`projected_values`). Attention and the output projection are linear in the values,
+    so one pass gives every zeroing, without running the projection again."""
+    removed = torch.einsum("bhij,bhjk->bjik", probabilities[:, :, :, tokens].float(), projected[:, :, tokens])
+    return attention_outputs.float()[:, None] - removed
 
 
 def cosine_distances(zeroed_outputs: Tensor, outputs: Tensor) -> Tensor:

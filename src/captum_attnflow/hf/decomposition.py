@@ -108,7 +108,7 @@ def value_zeroing_maps(
     zeroed in every head of that block, each row divided by its sum over real tokens.
 
     The zeroed attention outputs of all j follow from one pass
-    (:func:`~captum_attnflow.functional.decomposition.value_zeroing_contexts`); only the rest of
+    (:func:`~captum_attnflow.functional.decomposition.zeroed_attention_outputs`); only the rest of
     the block (output projection, residual, norms, feed-forward) runs again, for n variants of n
     tokens, in chunks. ``progress(k)`` is called after each layer.
     """
@@ -128,15 +128,16 @@ def _zeroing_map(architecture: Architecture, block: _Block, mask: Tensor) -> Ten
     """(B, n, n) value zeroing of one block, rows normalised."""
     projection = architecture.output_projection(block.module)
     batch, heads, n, size = block.values.shape
-    probabilities, values = block.probabilities.to(block.values.dtype), block.values
-    context = (probabilities @ values).transpose(1, 2).reshape(batch, n, heads * size)
-    outputs = architecture.after_attention(block.module, block.inputs, projection(context))
+    context = (block.probabilities.to(block.values.dtype) @ block.values).transpose(1, 2).reshape(batch, n, heads * size)
+    attention_outputs = projection(context)
+    outputs = architecture.after_attention(block.module, block.inputs, attention_outputs)
+    projected = decomposition.projected_values(block.values, projection_weight(projection)[0])
     chunk = max(1, _VARIANT_NUMBERS // (4 * batch * n * block.inputs.shape[-1]))
     distances = []
     for start in range(0, n, chunk):
-        tokens = torch.arange(start, min(n, start + chunk), device=values.device)
-        zeroed = decomposition.value_zeroing_contexts(probabilities, values, tokens)
-        zeroed_outputs = architecture.after_attention(block.module, block.inputs[:, None], projection(zeroed))
+        tokens = torch.arange(start, min(n, start + chunk), device=projected.device)
+        zeroed = decomposition.zeroed_attention_outputs(block.probabilities, projected, attention_outputs, tokens)
+        zeroed_outputs = architecture.after_attention(block.module, block.inputs[:, None], zeroed.to(block.inputs.dtype))
         distances.append(decomposition.cosine_distances(zeroed_outputs, outputs))
     # A token no head attends to changes nothing when zeroed: exactly 0, not float noise.
     attended = block.probabilities.sum(1) > 0
