@@ -193,7 +193,48 @@ def _parser() -> argparse.ArgumentParser:
     repro.set_defaults(run=_reproduce)
     _add_generate(commands)
     _add_adversarial(commands)
+    _add_benchmark(commands)
     return parser
+
+
+DEFAULT_BENCHMARK_DIR = Path("captum_attnflow_benchmark")
+
+
+def _add_benchmark(commands: Any) -> None:
+    from captum_attnflow.benchmark import EXTRA_METHODS, METRICS, TASKS
+
+    benchmark = commands.add_parser(
+        "benchmark",
+        help="rank attribution methods by faithfulness: a leaderboard with confidence intervals",
+        description=f"Every method explains held-out examples of each task ({', '.join(TASKS)}); faithfulness "
+        f"({', '.join(METRICS)}) per method with bootstrap intervals and Holm-adjusted Wilcoxon tests, and "
+        "each method's time per example. Writes leaderboard.md, leaderboard.csv and leaderboard.png to DIR.",
+    )
+    benchmark.add_argument("--tasks", nargs="+", choices=TASKS, default=TASKS, metavar="TASK", help=f"tasks (default: {' '.join(TASKS)})")
+    benchmark.add_argument(
+        "--methods", nargs="+", choices=(*METHODS, *EXTRA_METHODS), metavar="NAME",
+        help=f"methods (default: all of {', '.join((*METHODS, *EXTRA_METHODS))})",
+    )
+    benchmark.add_argument("--examples", type=_positive, default=64, help="held-out examples per task (default: 64)")
+    benchmark.add_argument("--quick", action="store_true", help="16 examples, five methods (rollout, alti, gradient_rollout, saliency, random)")
+    benchmark.add_argument(
+        "--out", type=Path, default=DEFAULT_BENCHMARK_DIR, metavar="DIR", help=f"output directory (default: {DEFAULT_BENCHMARK_DIR})"
+    )
+    benchmark.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    benchmark.set_defaults(run=_benchmark)
+
+
+def _benchmark(args: argparse.Namespace) -> int:
+    from captum_attnflow.benchmark import QUICK_METHODS, run_benchmark
+
+    if args.out.exists() and not args.out.is_dir():
+        raise ValueError(f"--out {args.out} is a file; benchmark writes several files: give a directory.")
+    out = _writable(args.out, args.out)
+    methods = args.methods or (QUICK_METHODS if args.quick else None)
+    result = run_benchmark(args.tasks, methods, 16 if args.quick else args.examples, show_progress=not args.no_progress)
+    print(result.to_markdown())
+    print("\nwritten: " + ", ".join(str(path) for path in result.save(out)))
+    return 0
 
 
 def _layer(value: str) -> int | None:

@@ -292,3 +292,15 @@ def test_figures_and_explain_take_the_newer_methods_by_name(model_dir, tmp_path,
     assert main(["explain", SENTENCE, "--method", "alti", "--head", "1", "--out", str(tmp_path / "y.png"),
                  "--model", str(model_dir)]) == 1
     assert "--head is for the methods computed from attention weights" in capsys.readouterr().err
+
+
+def test_benchmark_writes_the_leaderboard(tmp_path, capsys):
+    assert main(["benchmark", "--tasks", "agreement", "lm", "--methods", "rollout", "random", "--examples", "4",
+                 "--out", str(tmp_path), "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert "agreement: comprehensiveness" in printed and "lm: subject-first" in printed
+    assert "| random |" in printed and "s / example" in printed
+    for name in ("leaderboard.md", "leaderboard.csv", "leaderboard.png"):
+        assert (tmp_path / name).stat().st_size > 0
+    with pytest.raises(SystemExit):
+        main(["benchmark", "--methods", "lime"])
