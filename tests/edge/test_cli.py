@@ -294,6 +294,7 @@ def test_figures_and_explain_take_the_newer_methods_by_name(model_dir, tmp_path,
     assert "--head is for the methods computed from attention weights" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_benchmark_writes_the_leaderboard(tmp_path, capsys):
     assert main(["benchmark", "--tasks", "agreement", "lm", "--methods", "rollout", "random", "--examples", "4",
                  "--out", str(tmp_path), "--no-progress"]) == 0

@@ -55,7 +55,7 @@ METRICS = {  # the function and whether higher is better
 }
 
 
-@pytest.mark.parametrize("deletion", ["remove", 3])
+@pytest.mark.parametrize("deletion", ["remove", pytest.param(3, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("metric", sorted(METRICS))
 def test_the_method_that_ranks_the_deciding_token_first_scores_best(metric, deletion):
     function, higher_is_better = METRICS[metric]
