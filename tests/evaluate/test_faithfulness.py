@@ -7,6 +7,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import torch
+import transformers
 from torch import nn
 
 from helpers import make_classifier, model_state, padded_batch
@@ -312,3 +313,52 @@ def test_perturbation_auc_rewards_the_patch_the_decision_depends_on():
         perturbation_auc(BrightCorner(), pixels, oracle, order="both")
     with pytest.raises(TypeError, match="pixel values"):
         perturbation_auc(BrightCorner(), pixels.long(), oracle)
+
+
+def test_a_wrapper_taking_attention_mask_gets_the_shortened_rows_mask():
+    # Removal shortens rows and pads their ends: a wrapper reading the last real token (as a
+    # language model explained at its next word does) must see the new mask, not the old one.
+    class LastToken(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask=None):
+            logits = self.model(input_ids, attention_mask=attention_mask).logits
+            return logits[torch.arange(len(logits)), attention_mask.sum(-1) - 1]
+
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=40, n_embd=16, n_layer=2, n_head=2)).eval()
+    ids = torch.randint(1, 40, (3, 7))
+    scores = torch.rand(3, 7)
+    value = aopc_comprehensiveness(LastToken(model), ids, scores, target=0, fractions=[0.3], softmax=False)
+    with torch.no_grad():
+        full = model(ids).logits[:, -1, 0]
+        kept = scores.argsort(dim=-1, descending=True, stable=True)[:, 3:].sort(dim=-1).values  # ceil(0.3 * 7) = 3 removed
+        shortened = model(ids.gather(1, kept)).logits[:, -1, 0]
+    torch.testing.assert_close(value, full - shortened, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("deletion", ["remove", 3])
+def test_shared_forward_passes_run_each_row_once_and_change_no_value(deletion):
+    from captum_attnflow.evaluate._deletion import shared_forward_passes
+
+    model = make_classifier()
+    rows = []
+    model.register_forward_hook(lambda module, args, kwargs, output: rows.append(len(output.logits)), with_kwargs=True)
+    ids, mask = padded_batch(seed=3)
+    rankings = [torch.rand(ids.shape, generator=torch.Generator().manual_seed(seed)) for seed in range(3)]
+    calls = [(function, scores) for function, _ in METRICS.values() for scores in rankings + rankings]
+
+    def run():
+        rows.clear()
+        values = [function(model, ids, scores, target=1, attention_mask=mask, deletion=deletion) for function, scores in calls]
+        return values, sum(rows)
+
+    alone, alone_rows = run()
+    with shared_forward_passes():
+        shared, shared_rows = run()
+    for a, b in zip(alone, shared):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5, equal_nan=True)
+    # The repeated rankings are free; the full input runs once for all metrics.
+    assert shared_rows < alone_rows / 2

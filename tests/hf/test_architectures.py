@@ -11,6 +11,7 @@ from helpers import TINY
 from captum_attnflow.hf.architectures import ARCHITECTURES, architecture_of, projection_weight
 from captum_attnflow.hf.internals import capture_internals
 from captum_attnflow.models import AgreementConfig, AgreementModel
+from captum_attnflow.models.tagger import TaggerModel, bundled_tagger_config
 
 SMALL = dict(num_hidden_layers=3, max_position_embeddings=64, **TINY)
 VISION = dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64, image_size=16, patch_size=8)
@@ -20,6 +21,8 @@ def _model(model_type: str) -> torch.nn.Module:
     torch.manual_seed(0)
     if model_type == "captum_attnflow_agreement":
         return AgreementModel(AgreementConfig(num_hidden_layers=3)).eval()
+    if model_type == "captum_attnflow_tagger":
+        return TaggerModel(bundled_tagger_config(num_hidden_layers=3)).eval()
     if model_type == "distilbert":
         config = transformers.DistilBertConfig(vocab_size=60, dim=32, n_heads=4, hidden_dim=64, n_layers=3)
     elif model_type in ("vit", "deit"):

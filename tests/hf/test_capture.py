@@ -164,8 +164,21 @@ def test_nn_module_wrapper_captures_its_models_attentions(arch):
     assert full_state(wrapper) == before
 
 
-def test_wrapper_that_drops_the_mask_of_a_padded_batch_is_an_error():
+def test_wrapper_taking_attention_mask_gets_it():
     wrapper = FirstTokenClassifier("bert")
+    mask = torch.ones_like(IDS)
+    mask[1, 4:] = 0
+    expected = extract_attentions(wrapper.encoder, IDS, attention_mask=mask)
+    for got, want in zip(extract_attentions(wrapper, IDS, attention_mask=mask), expected):
+        torch.testing.assert_close(got, want)
+
+
+def test_wrapper_that_drops_the_mask_of_a_padded_batch_is_an_error():
+    class DropsMask(FirstTokenClassifier):
+        def forward(self, input_ids):
+            return super().forward(input_ids)
+
+    wrapper = DropsMask("bert")
     mask = torch.ones_like(IDS)
     mask[1, 4:] = 0
     with pytest.raises(ValueError, match="calls its BertModel without an attention_mask"):

@@ -1,11 +1,13 @@
 """Token deletion shared by AOPC and the other faithfulness metrics: rank the candidate tokens
 once, then score the model on the batch with a chosen set of them removed or replaced, one
-forward pass per set."""
+forward pass per set (only of the rows not scored before inside :func:`shared_forward_passes`)."""
 
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import Tensor
@@ -46,6 +48,30 @@ DELETION_NOTES_DOC = """
     positions filled with ``pad_token_id`` at the end (per-token ``additional_forward_args`` are
     refused).
 """
+
+
+# The model's scores of rows already run, while shared_forward_passes() is open.
+_SHARED: ContextVar[dict | None] = ContextVar("shared_forward_passes", default=None)
+
+
+@contextmanager
+def shared_forward_passes() -> Iterator[None]:
+    """Inside the block, the deletion metrics run the model only on rows it has not scored yet.
+
+    Many metrics, layers and methods delete the same tokens of a row (the top token of a
+    ranking, the top half): the first forward pass of such a row is kept (its scores, keyed
+    by the model, the row's token ids and mask and the identity of the extra arguments) and
+    reused, so a row is run once however many of them ask for it. Rows missing from the store
+    run together in one smaller batch; the values equal a full-batch run up to float rounding.
+    Extra arguments whose first axis is the batch are taken per row, others whole. Open it
+    around the metrics of one batch, as the :class:`~captum_attnflow.evaluate.Evaluator` does:
+    the store lives as long as the block.
+    """
+    token = _SHARED.set({})
+    try:
+        yield
+    finally:
+        _SHARED.reset(token)
 
 
 class TokenDeletion:
@@ -103,7 +129,7 @@ class TokenDeletion:
             ids, mask = _remove(self.inputs, self.mask & ~deleted, self.pad_token_id)
         else:
             ids, mask = self.inputs.masked_fill(deleted, self.replacement), self.mask
-        output = self.forward(ids, mask.long(), *self.extra_args[1:]).float()
+        output = self._run(ids, mask)
         if self.softmax:
             output = torch.log_softmax(output, -1) if log else torch.softmax(output, -1)
         elif log:
@@ -112,6 +138,24 @@ class TokenDeletion:
         if deleted is None:
             return value
         return value.masked_fill((self.count == 0) | ~mask.any(-1), math.nan)
+
+    def _run(self, ids: Tensor, mask: Tensor) -> Tensor:
+        """(B, C) float scores of the rows, from the store of :func:`shared_forward_passes` where it has them."""
+        args = self.extra_args[1:]
+        store = _SHARED.get()
+        if store is None:
+            return self.forward(ids, mask.long(), *args).float()
+        model = (id(self.forward.forward_func), tuple(id(arg) for arg in args))
+        keys = [(model, row, *_row_key(row_ids, row_mask)) for row, (row_ids, row_mask) in enumerate(zip(ids, mask))]
+        missing = [row for row, key in enumerate(keys) if key not in store]
+        if missing:
+            rows = torch.tensor(missing, device=ids.device)
+            batch = ids.shape[0]
+            # Captum-style extra arguments: per example when their first axis is the batch.
+            sliced = [arg[rows] if isinstance(arg, Tensor) and arg.dim() and arg.shape[0] == batch else arg for arg in args]
+            scores = self.forward(ids[rows], mask[rows].long(), *sliced).float()
+            store.update(zip((keys[row] for row in missing), scores))
+        return torch.stack([store[key] for key in keys])
 
     def _k(self, fraction: float) -> Tensor:
         # Rounded first: 0.28 * 25 is 7.000000000000001 in floating point, and 28% of 25 tokens is 7, not 8.
@@ -151,11 +195,19 @@ def _refuse_per_token_args(arguments: tuple, shape: torch.Size) -> None:
 
 
 def _remove(inputs: Tensor, kept: Tensor, pad_token_id: int) -> tuple[Tensor, Tensor]:
-    """Move each row's kept tokens to the front, in order, and pad the rest."""
+    """Move each row's kept tokens to the front, in order, and pad the rest; columns that are
+    padding in every row are dropped (at least one stays), sparing the model their work."""
     order = (~kept).long().argsort(dim=-1, stable=True)
-    ids = inputs.gather(1, order)
-    kept_mask = kept.gather(1, order)
+    width = max(int(kept.sum(-1).max()), 1)
+    ids = inputs.gather(1, order)[:, :width]
+    kept_mask = kept.gather(1, order)[:, :width]
     return ids.masked_fill(~kept_mask, pad_token_id), kept_mask
+
+
+def _row_key(ids: Tensor, mask: Tensor) -> tuple[bytes, bytes]:
+    """A row's token ids and mask up to its last real token: the same row whatever padding follows."""
+    length = int(mask.nonzero().max()) + 1 if bool(mask.any()) else 0
+    return ids[:length].cpu().numpy().tobytes(), mask[:length].cpu().numpy().tobytes()
 
 
 def _target_indices(target: Any, batch: int, device: torch.device) -> Tensor:

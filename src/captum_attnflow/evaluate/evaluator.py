@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from captum_attnflow.evaluate._deletion import shared_forward_passes
 from captum_attnflow.evaluate.compare import compare
 from captum_attnflow.evaluate.metrics import METRICS, check_faithfulness, compute_metric
 from captum_attnflow.evaluate.results import ComparisonResult
@@ -271,19 +272,20 @@ class Evaluator:
         return ComparisonResult(ids, scores, self._faithfulness(attributions, batch, exclude), directions)
 
     def _faithfulness(self, attributions: dict, batch: dict, exclude: Tensor | None) -> dict:
-        """``{(method, metric, layer): (B,) float64}`` for every method, layer and metric."""
+        """``{(method, metric, layer): (B,) float64}`` for every method, layer and metric; a row
+        that several of them delete the same way runs through the model once."""
         values = {}
-        for method, scores in attributions.items():
-            scores = as_scores(scores, f"attributions[{method!r}]").to(_device(self.model))
-            layers = [(None, scores)] if scores.dim() != 3 else [(i + 1, layer) for i, layer in enumerate(scores)]
-            for name, setting in self.faithfulness.items():
-                for layer, layer_scores in layers:
-                    try:
-                        with model_call(self.model):
+        with shared_forward_passes(), model_call(self.model):
+            for method, scores in attributions.items():
+                scores = as_scores(scores, f"attributions[{method!r}]").to(_device(self.model))
+                layers = [(None, scores)] if scores.dim() != 3 else [(i + 1, layer) for i, layer in enumerate(scores)]
+                for name, setting in self.faithfulness.items():
+                    for layer, layer_scores in layers:
+                        try:
                             value = compute_metric(self.model, setting, batch, layer_scores, exclude)
-                    except (TypeError, ValueError) as error:
-                        raise type(error)(f"faithfulness {name!r} of method {method!r}: {error}") from error
-                    values[(method, name, layer)] = value.detach().cpu().double().numpy()
+                        except (TypeError, ValueError) as error:
+                            raise type(error)(f"faithfulness {name!r} of method {method!r}: {error}") from error
+                        values[(method, name, layer)] = value.detach().cpu().double().numpy()
         return values
 
     def _instantiate(self, name: str, method: Any) -> Any:

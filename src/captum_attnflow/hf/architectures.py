@@ -97,7 +97,8 @@ ARCHITECTURES: dict[str, Architecture] = {
     "xlm-roberta": _BERT,
     "distilbert": _DISTILBERT,
     "gpt2": _GPT2,
-    "captum_attnflow_agreement": _GPT2,  # the bundled models are made of GPT-2 blocks
+    "captum_attnflow_agreement": _GPT2,  # the bundled classifier and tagger are made of GPT-2 blocks
+    "captum_attnflow_tagger": _GPT2,
     "llama": _LLAMA,
     "mistral": _LLAMA,
     "qwen2": _LLAMA,

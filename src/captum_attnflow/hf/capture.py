@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from transformers import PreTrainedModel
 
 from captum_attnflow.functional import AttentionGraph, attention_graph
-from captum_attnflow.hf.inputs import as_tuple, check_mask_not_in_args, real_tokens_first, reorder_tokens
+from captum_attnflow.hf.inputs import as_tuple, check_mask_not_in_args, mask_keyword, real_tokens_first, reorder_tokens
 from captum_attnflow.hf.lean import lean_capture, supports_lean
 from captum_attnflow.hf.models import check_device, encoder_of, hf_models, outermost, owning_module
 from captum_attnflow.hf.state import eager_attention, exclusive, unchanged
@@ -35,7 +35,8 @@ def extract_attentions(
       self-attentions are the ones over the input tokens;
     * any ``nn.Module`` (or bound method of one) that contains a Hugging Face model, e.g. a
       classifier or sentence-embedding wrapper: called as
-      ``forward_func(inputs, *additional_forward_args)`` while the attentions of its outermost
+      ``forward_func(inputs, *additional_forward_args)`` (plus ``attention_mask=`` when its
+      forward takes an argument of that name that the arguments leave unfilled) while the attentions of its outermost
       Hugging Face model are captured. With padding, the wrapper must pass the mask on to the
       model itself (e.g. through ``additional_forward_args``); it is an error if it does not.
       An encoder-decoder model called by the wrapper gives its encoder's attentions;
@@ -86,7 +87,8 @@ def extract_attentions(
             return _model_attentions(forward_func, inputs, args, attention_mask)
         if module is not None and hf_models(module):
             with unchanged(module):
-                return _captured_attentions(module, lambda: forward_func(inputs, *args), attention_mask)
+                kwargs = mask_keyword(forward_func, args, attention_mask)
+                return _captured_attentions(module, lambda: forward_func(inputs, *args, **kwargs), attention_mask)
         return attentions_of(forward_func(inputs, *args))
 
 

@@ -141,6 +141,28 @@ def lift_mask(forward_func: Any, additional_forward_args: tuple, attention_mask:
     return additional_forward_args, attention_mask
 
 
+def mask_keyword(forward_func: Any, args: tuple, attention_mask: Tensor | None) -> dict[str, Tensor]:
+    """``{"attention_mask": attention_mask}`` for a wrapper (not a Hugging Face model) whose
+    forward takes an argument named ``attention_mask`` that ``forward_func(inputs, *args)``
+    leaves unfilled, else ``{}``.
+
+    Such a wrapper then gets the mask the way a Hugging Face model does: the current one,
+    e.g. the shortened rows' mask when a faithfulness metric removes tokens. A wrapper taking
+    the mask positionally in ``args`` (or under another name) is called as before.
+    """
+    if attention_mask is None or isinstance(forward_func, PreTrainedModel):
+        return {}
+    function = forward_func.forward if isinstance(forward_func, nn.Module) else forward_func
+    try:
+        signature = inspect.signature(function)
+        bound = signature.bind_partial(None, *args)
+    except (TypeError, ValueError):  # builtins without a signature; arguments it cannot take
+        return {}
+    if "attention_mask" not in signature.parameters or "attention_mask" in bound.arguments:
+        return {}
+    return {"attention_mask": attention_mask}
+
+
 def as_tuple(args: Any) -> tuple:
     """Captum's ``additional_forward_args`` as a tuple: None -> (), a value -> (value,)."""
     if args is None:

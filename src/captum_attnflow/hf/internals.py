@@ -28,7 +28,7 @@ from transformers.masking_utils import AttentionMaskInterface, eager_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from captum_attnflow.hf.capture import in_run_order, maps_in_order, real_tokens_first_call
-from captum_attnflow.hf.inputs import as_tuple, check_mask_not_in_args
+from captum_attnflow.hf.inputs import as_tuple, check_mask_not_in_args, mask_keyword
 from captum_attnflow.hf.models import check_device, owning_module
 from captum_attnflow.hf.state import implementation, unchanged
 
@@ -121,7 +121,8 @@ def capture_internals(
     A Hugging Face model is called as ``model(inputs, *additional_forward_args,
     attention_mask=attention_mask)``, a left-padded batch with each row's real tokens first
     (``Internals.order``); any other module containing one as ``forward_func(inputs,
-    *additional_forward_args)``.
+    *additional_forward_args)``, plus ``attention_mask=`` when its forward takes an argument of
+    that name that the arguments leave unfilled.
 
     Args:
         forward_func: a Hugging Face model, or a module (or bound method) containing one.
@@ -151,6 +152,8 @@ def capture_internals(
         if attention_mask is not None:
             attention_mask = torch.as_tensor(attention_mask).to(inputs.device)
         inputs, args, kwargs, internals.order = real_tokens_first_call(inputs, args, attention_mask)
+    else:
+        kwargs = mask_keyword(forward_func, args, attention_mask)
     _register()
     with unchanged(module), _recording(module, internals, blocks or []), implementation(module, _NAME):
         with torch.set_grad_enabled(gradients):

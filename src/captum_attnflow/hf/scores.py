@@ -9,7 +9,7 @@ from torch import Tensor, nn
 from transformers import PreTrainedModel
 
 from captum_attnflow.functional.checks import as_mask
-from captum_attnflow.hf.inputs import as_tuple, check_mask_not_in_args, check_token_ids, lift_mask, unpack_inputs
+from captum_attnflow.hf.inputs import as_tuple, check_mask_not_in_args, check_token_ids, lift_mask, mask_keyword, unpack_inputs
 from captum_attnflow.hf.models import check_device, main_model, owning_module
 
 
@@ -34,8 +34,10 @@ class ScoreForward:
     """``forward(inputs, attention_mask, *args) -> (B, C)`` for Captum, logits or probabilities.
 
     A Hugging Face model is called as ``model(inputs, *args, attention_mask=attention_mask)``;
-    any other module or callable as ``forward_func(inputs, *args)`` (it gets no mask: put it in
-    ``additional_forward_args`` if it needs one). The mask comes right after the inputs so that
+    any other module or callable as ``forward_func(inputs, *args)``, with
+    ``attention_mask=attention_mask`` added when its forward takes an argument of that name
+    that ``args`` leave unfilled (else it gets no mask: put it in ``additional_forward_args``).
+    The mask comes right after the inputs so that
     Captum expands it together with them when it batches perturbations or integration steps.
     """
 
@@ -50,7 +52,7 @@ class ScoreForward:
         if self.is_hf:
             output = self.forward_func(inputs, *args, attention_mask=attention_mask)
         else:
-            output = self.forward_func(inputs, *args)
+            output = self.forward_func(inputs, *args, **mask_keyword(self.forward_func, args, attention_mask))
         scores = class_scores(output)
         return torch.softmax(scores.float(), dim=-1) if self.probabilities else scores
 

@@ -7,3 +7,6 @@ __all__ = ["AgreementConfig", "AgreementModel", "load_agreement_model"]
 from captum_attnflow.models.language_model import load_agreement_lm  # noqa: E402
 
 __all__ += ["load_agreement_lm"]
+from captum_attnflow.models.tagger import load_chunk_tagger  # noqa: E402
+
+__all__ += ["load_chunk_tagger"]

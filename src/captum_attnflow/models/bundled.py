@@ -52,14 +52,14 @@ def load_agreement_model(directory: str | Path | None = None) -> tuple[Agreement
             "`python -m captum_attnflow.models.train --out DIR`, or None for the bundled model."
         )
     path = ASSET_DIR if directory is None else Path(directory)
-    with _no_loading_bar():
+    with no_loading_bar():
         model = AgreementModel.from_pretrained(path, local_files_only=True).eval()
         tokenizer = PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
     return model, tokenizer
 
 
 @contextmanager
-def _no_loading_bar() -> Iterator[None]:
+def no_loading_bar() -> Iterator[None]:
     """Hide the "Loading weights" bar transformers draws on every ``from_pretrained``."""
     enabled = transformers_logging.is_progress_bar_enabled()
     transformers_logging.disable_progress_bar()

@@ -21,10 +21,10 @@ from typing import Sequence
 
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
-from transformers.utils import logging as transformers_logging
 
 from captum_attnflow.data import AgreementExample, build_tokenizer, vocabulary
 from captum_attnflow.data.agreement import accuracy_by_attractors
+from captum_attnflow.models.bundled import no_loading_bar
 
 COPULAS = ("is", "are")  # index = the number: SINGULAR, PLURAL
 END = "."
@@ -117,14 +117,9 @@ def load_agreement_lm(directory: str | Path | None = None) -> tuple[GPT2LMHeadMo
             f"{path} holds no model.safetensors; reinstall captum-attnflow for the bundled language model, "
             "or train one with `python -m captum_attnflow.models.train_lm --out DIR`."
         )
-    enabled = transformers_logging.is_progress_bar_enabled()
-    transformers_logging.disable_progress_bar()
-    try:
+    with no_loading_bar():
         model = GPT2LMHeadModel.from_pretrained(path, local_files_only=True).eval()
         tokenizer = PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
-    finally:
-        if enabled:
-            transformers_logging.enable_progress_bar()
     return model, tokenizer
 
 

@@ -12,14 +12,18 @@ work on them unchanged.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from huggingface_hub.dataclasses import strict
 from torch import Tensor, nn
+from transformers import PreTrainedTokenizerFast
 from transformers.modeling_outputs import TokenClassifierOutput
 from transformers.utils.output_capturing import capture_outputs
 
 from captum_attnflow.data.chunking import CHUNK_TAGS, IGNORE_INDEX
 from captum_attnflow.models.agreement import AgreementConfig, AgreementModel
+from captum_attnflow.models.bundled import no_loading_bar
 
 
 @strict
@@ -60,6 +64,25 @@ def yang_tagger_config(**kwargs) -> TaggerConfig:
         (1, 4, 64)
     """
     return TaggerConfig(**{"num_hidden_layers": 1, "num_attention_heads": 4, "hidden_size": 64, **kwargs})
+
+
+def bundled_tagger_config(**kwargs) -> TaggerConfig:
+    """The bundled chunk tagger's setting (:func:`load_chunk_tagger`): 4 layers, 4 heads, 64 wide
+    with 256-wide MLP; deep enough that per-layer methods differ from raw attention.
+
+    Args:
+        **kwargs: overrides of any :class:`TaggerConfig` field.
+
+    Returns:
+        TaggerConfig
+
+    Example::
+
+        >>> config = bundled_tagger_config()
+        >>> config.num_hidden_layers, config.num_attention_heads, config.hidden_size
+        (4, 4, 64)
+    """
+    return TaggerConfig(**{"num_hidden_layers": 4, "num_attention_heads": 4, "hidden_size": 64, **kwargs})
 
 
 class TaggerModel(AgreementModel):
@@ -123,3 +146,44 @@ class TaggerModel(AgreementModel):
                 logits.flatten(0, 1), labels.to(logits.device).flatten(), ignore_index=IGNORE_INDEX
             )
         return TokenClassifierOutput(loss=loss, logits=logits)
+
+
+TAGGER_DIR = Path(__file__).resolve().parent.parent / "assets" / "tagger"
+
+
+def load_chunk_tagger(directory: str | Path | None = None) -> tuple[TaggerModel, PreTrainedTokenizerFast]:
+    """The bundled trained chunk tagger (eval mode, CPU, sdpa attention) and its tokenizer.
+
+    Trained with ``python -m captum_attnflow.models.train_tagger`` (defaults) on the generated
+    sentences' gold chunk tags; its held-out chunk F1 is in ``assets/tagger/eval_results.json``.
+
+    Args:
+        directory: a checkpoint written by the training command to load instead; None
+            (default) loads the bundled one.
+
+    Returns:
+        tuple: ``(model, tokenizer)``, a :class:`TaggerModel` (:func:`bundled_tagger_config`)
+        returning logits (B, n, 8) over :data:`~captum_attnflow.data.CHUNK_TAGS`, and the
+        agreement model's word-level tokenizer (``[CLS]`` first).
+
+    Raises:
+        FileNotFoundError: no model files where they should be.
+
+    Example::
+
+        >>> from captum_attnflow.data import CHUNK_TAGS
+        >>> model, tokenizer = load_chunk_tagger()
+        >>> batch = tokenizer(["the keys to the cabinet"], return_tensors="pt")
+        >>> [CHUNK_TAGS[i] for i in model(**batch).logits[0, 1:].argmax(-1)]
+        ['B-NP', 'I-NP', 'B-PP', 'B-NP', 'I-NP']
+    """
+    path = TAGGER_DIR if directory is None else Path(directory)
+    if not (path / "model.safetensors").is_file():
+        raise FileNotFoundError(
+            f"{path} holds no model.safetensors; reinstall captum-attnflow for the bundled tagger, "
+            "or train one with `python -m captum_attnflow.models.train_tagger --out DIR`."
+        )
+    with no_loading_bar():
+        model = TaggerModel.from_pretrained(path, local_files_only=True).eval()
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
+    return model, tokenizer
