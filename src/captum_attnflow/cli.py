@@ -26,7 +26,7 @@ import torch
 from captum_attnflow.adversarial.study import DEFAULT_LAMBDAS, MODELS, run_study
 from captum_attnflow.data.agreement import PLURAL, SINGULAR
 from captum_attnflow.hf import extract_attentions
-from captum_attnflow.methods import METHODS, attention_methods, paper_methods
+from captum_attnflow.methods import EXTRA_METHODS, METHODS, attention_methods, paper_methods
 from captum_attnflow.models import AgreementConfig, load_agreement_model
 from captum_attnflow.reproduce import DATA, PROTOCOLS, RANKINGS, reproduce
 from captum_attnflow.visualize import plot_methods, plot_position_maps
@@ -201,37 +201,48 @@ DEFAULT_BENCHMARK_DIR = Path("captum_attnflow_benchmark")
 
 
 def _add_benchmark(commands: Any) -> None:
-    from captum_attnflow.benchmark import EXTRA_METHODS, METRICS, TASKS
+    from captum_attnflow.benchmark import FLOOR, QUICK_EXAMPLES, QUICK_METHODS
+    from captum_attnflow.benchmark_tasks import TASKS
 
+    names = (*METHODS, *EXTRA_METHODS, FLOOR)
     benchmark = commands.add_parser(
         "benchmark",
         help="rank attribution methods by faithfulness: a leaderboard with confidence intervals",
         description=f"Every method explains held-out examples of each task ({', '.join(TASKS)}); faithfulness "
-        f"({', '.join(METRICS)}) per method with bootstrap intervals and Holm-adjusted Wilcoxon tests, and "
+        "(AOPC comprehensiveness and sufficiency, log-odds, deletion-curve area, and the agreement data's "
+        "subject-first ground truth) per method with bootstrap intervals and Holm-adjusted Wilcoxon tests, and "
         "each method's time per example. Writes leaderboard.md, leaderboard.csv and leaderboard.png to DIR.",
     )
-    benchmark.add_argument("--tasks", nargs="+", choices=TASKS, default=TASKS, metavar="TASK", help=f"tasks (default: {' '.join(TASKS)})")
-    benchmark.add_argument(
-        "--methods", nargs="+", choices=(*METHODS, *EXTRA_METHODS), metavar="NAME",
-        help=f"methods (default: all of {', '.join((*METHODS, *EXTRA_METHODS))})",
-    )
+    benchmark.add_argument("--tasks", nargs="+", choices=tuple(TASKS), default=tuple(TASKS), metavar="TASK",
+                           help=f"tasks (default: {' '.join(TASKS)})")
+    benchmark.add_argument("--methods", nargs="+", choices=names, metavar="NAME", help=f"methods (default: all of {', '.join(names)})")
     benchmark.add_argument("--examples", type=_positive, default=64, help="held-out examples per task (default: 64)")
-    benchmark.add_argument("--quick", action="store_true", help="16 examples, five methods (rollout, alti, gradient_rollout, saliency, random)")
+    benchmark.add_argument(
+        "--quick", action="store_true",
+        help=f"{QUICK_EXAMPLES} examples per task and five methods ({', '.join(QUICK_METHODS)}) unless given",
+    )
     benchmark.add_argument(
         "--out", type=Path, default=DEFAULT_BENCHMARK_DIR, metavar="DIR", help=f"output directory (default: {DEFAULT_BENCHMARK_DIR})"
+    )
+    benchmark.add_argument(
+        "--checkpoint-dir", type=Path, metavar="DIR",
+        help="keep each task's per-example values here as they are computed; run the same command again to resume",
     )
     benchmark.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     benchmark.set_defaults(run=_benchmark)
 
 
 def _benchmark(args: argparse.Namespace) -> int:
-    from captum_attnflow.benchmark import QUICK_METHODS, run_benchmark
+    from captum_attnflow.benchmark import QUICK_EXAMPLES, QUICK_METHODS, run_benchmark
 
     if args.out.exists() and not args.out.is_dir():
         raise ValueError(f"--out {args.out} is a file; benchmark writes several files: give a directory.")
     out = _writable(args.out, args.out)
     methods = args.methods or (QUICK_METHODS if args.quick else None)
-    result = run_benchmark(args.tasks, methods, 16 if args.quick else args.examples, show_progress=not args.no_progress)
+    examples = QUICK_EXAMPLES if args.quick and args.examples == 64 else args.examples
+    result = run_benchmark(
+        args.tasks, methods, examples, show_progress=not args.no_progress, checkpoint_dir=args.checkpoint_dir
+    )
     print(result.to_markdown())
     print("\nwritten: " + ", ".join(str(path) for path in result.save(out)))
     return 0

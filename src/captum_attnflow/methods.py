@@ -34,7 +34,7 @@ from captum_attnflow.attr import (
     RawAttention,
     ValueZeroing,
 )
-from captum_attnflow.baselines import BlankOut, TokenSaliency
+from captum_attnflow.baselines import BlankOut, TokenInputXGradient, TokenIntegratedGradients, TokenSaliency
 
 
 @dataclass(frozen=True)
@@ -95,3 +95,38 @@ def attention_methods() -> tuple[str, ...]:
 def paper_methods() -> tuple[str, ...]:
     """The paper's three methods, computed from attention weights alone: ``("raw", "rollout", "flow")``."""
     return tuple(name for name, method in METHODS.items() if method.from_attentions)
+
+
+# Built by name like the registry's methods (Evaluator, benchmark), but not in METHODS: the
+# paper's tables take METHODS' output-based methods as their references.
+EXTRA_METHODS: dict[str, Method] = {
+    method.name: method
+    for method in (
+        Method(
+            "input_x_gradient", "input x gradient", False,
+            lambda model, tokenizer: TokenInputXGradient(model), class_specific=True,
+        ),
+        Method(
+            "integrated_gradients", "integrated gradients", False,
+            lambda model, tokenizer: TokenIntegratedGradients(model, tokenizer=tokenizer), class_specific=True,
+        ),
+    )
+}
+
+
+def method_entry(name: str) -> Method:
+    """The :class:`Method` named ``name`` in :data:`METHODS` or :data:`EXTRA_METHODS`.
+
+    Raises:
+        ValueError: an unknown name; the message lists the known ones.
+
+    Example::
+
+        >>> method_entry("integrated_gradients").title
+        'integrated gradients'
+    """
+    entry = METHODS.get(name, EXTRA_METHODS.get(name))
+    if entry is None:
+        known = ", ".join([*METHODS, *EXTRA_METHODS])
+        raise ValueError(f"unknown method {name!r}; the methods built by name are {known}.")
+    return entry

@@ -169,7 +169,7 @@ def test_bad_faithfulness_settings_get_clear_errors():
     with pytest.raises(ValueError, match=r"takes no option\(s\) \['target'\]"):
         Evaluator(model, {"raw": RawAttention}, grad, faithfulness={"log-odds": {"target": 1}})
     with pytest.raises(TypeError, match="recorded in checkpoints"):
-        Evaluator(model, {"raw": RawAttention}, grad, faithfulness={"log-odds": {"tokenizer": object()}})
+        Evaluator(model, {"raw": RawAttention}, grad, faithfulness={"log-odds": {"pad_token_id": object()}})
     with pytest.raises(TypeError, match="references may be"):
         Evaluator(model, {"raw": RawAttention}, {})
     with pytest.raises(ValueError, match=r"'subject-first' of method 'raw'.*needs batch keys \['subject_positions'"):
@@ -190,3 +190,52 @@ def test_results_with_metrics_merge_only_alike():
         ComparisonResult([0], metrics={("raw", "mine", None): [0.1]})
     with pytest.raises(ValueError, match="no faithfulness values"):
         ComparisonResult([0], {("raw", "grad", 1): [0.5]}).leaderboard()
+
+
+def test_methods_given_by_name_equal_the_objects():
+    model = make_classifier()
+    batches = make_batches(2)
+    by_name = Evaluator(model, ["rollout", "alti", "integrated_gradients"], ["saliency"],
+                        faithfulness=["comprehensiveness"], show_progress=False).run(batches)
+    from captum_attnflow import ALTI
+    from captum_attnflow.baselines import TokenIntegratedGradients
+
+    objects = Evaluator(
+        model, {"rollout": AttentionRollout(model), "alti": ALTI(model), "integrated_gradients": TokenIntegratedGradients(model)},
+        {"saliency": TokenSaliency(model)}, faithfulness=["comprehensiveness"], show_progress=False,
+    ).run(batches)
+    assert by_name.scores.keys() == objects.scores.keys() and by_name.metrics.keys() == objects.metrics.keys()
+    for key, values in objects.metrics.items():
+        np.testing.assert_allclose(by_name.metrics[key], values, atol=1e-6, equal_nan=True)
+    with pytest.raises(ValueError, match="unknown method 'lrp'.*alti"):
+        Evaluator(model, ["lrp"], {}, faithfulness=["sufficiency"])
+
+
+class ShiftedClassifier(torch.nn.Module):
+    """A wrapper taking a per-example extra argument: logits + offset, the mask by keyword."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, offset, attention_mask=None):
+        return self.model(input_ids, attention_mask=attention_mask).logits + offset
+
+
+def test_additional_forward_args_of_a_batch_reach_methods_and_metrics():
+    model = make_classifier()
+    wrapper = ShiftedClassifier(model).eval()
+    batches = make_batches(2)
+    for batch in batches:
+        offset = torch.zeros(len(batch["input_ids"]), 3)
+        offset[:, 1] = 5.0  # class 1 made near-certain: the comprehensiveness of class 1 shrinks
+        batch["additional_forward_args"] = (offset,)
+    measured = Evaluator(wrapper, {"grad": TokenSaliency(wrapper)}, {}, faithfulness=["comprehensiveness"],
+                         show_progress=False).run(batches)
+    for index, batch in enumerate(batches):
+        ids, mask, offset = batch["input_ids"], batch["attention_mask"], batch["additional_forward_args"]
+        scores = TokenSaliency(wrapper).attribute(ids, target=batch["labels"], additional_forward_args=offset, attention_mask=mask)
+        expected = aopc_comprehensiveness(wrapper, ids, scores, target=batch["labels"], attention_mask=mask,
+                                          additional_forward_args=offset)
+        np.testing.assert_allclose(measured.metrics[("grad", "comprehensiveness", None)][4 * index : 4 * index + 4],
+                                   expected.numpy(), atol=1e-6)

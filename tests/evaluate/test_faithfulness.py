@@ -362,3 +362,17 @@ def test_shared_forward_passes_run_each_row_once_and_change_no_value(deletion):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5, equal_nan=True)
     # The repeated rankings are free; the full input runs once for all metrics.
     assert shared_rows < alone_rows / 2
+
+
+def test_a_softmax_over_a_single_score_is_refused_with_the_fix():
+    from captum_attnflow.baselines import BlankOut
+
+    def one_score(input_ids):
+        return input_ids.float().mean(-1, keepdim=True)  # (B, 1): a similarity, not a logit
+
+    ids = torch.randint(10, 60, (2, 6))
+    with pytest.raises(ValueError, match="always 1.*softmax=False"):
+        aopc_comprehensiveness(one_score, ids, torch.rand(2, 6), target=0)
+    with pytest.raises(ValueError, match="always 1.*softmax=False"):
+        BlankOut(one_score, token=3).attribute(ids, target=0)
+    assert aopc_comprehensiveness(one_score, ids, torch.rand(2, 6), target=0, softmax=False).shape == (2,)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from captum.attr import LayerIntegratedGradients
-from torch import Tensor
+from torch import Tensor, nn
 
 from captum_attnflow.baselines._common import (
     EmbeddingGradientAttribution,
@@ -27,7 +27,20 @@ class TokenIntegratedGradients(EmbeddingGradientAttribution):
     (``reduce="sum"``, whose total over tokens approximates :math:`f_t(x) - f_t(x')`).
 
     {init}
+        tokenizer: where ``attribute``'s baseline token names (``"pad"``, ``"unk"``, ``"mask"``)
+            are looked up first; None: the model's config.
     """
+
+    def __init__(
+        self,
+        forward_func: Callable[..., Any],
+        reduce: str = "norm",
+        probabilities: bool = False,
+        embedding_layer: nn.Module | None = None,
+        tokenizer: Any = None,
+    ) -> None:
+        super().__init__(forward_func, reduce, probabilities, embedding_layer)
+        self.tokenizer = tokenizer
 
     @property
     def multiplies_by_inputs(self) -> bool:
@@ -88,7 +101,7 @@ class TokenIntegratedGradients(EmbeddingGradientAttribution):
                 )
             reference = baselines.to(inputs.device, inputs.dtype)
         else:
-            reference = torch.where(mask, token_id(self.scores.forward_func, baselines, argument="baselines"), inputs)
+            reference = torch.where(mask, token_id(self.scores.forward_func, baselines, self.tokenizer, argument="baselines"), inputs)
         with model_call(self.scores.forward_func):
             target = self.scores.target(inputs, extra_args, target)
             integrated = LayerIntegratedGradients(self.scores, self.embedding_layer).attribute(

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from captum_attnflow.hf import ScoreForward, check_token_ids, token_id
+from captum_attnflow.hf.scores import check_softmax_applies
 
 # The deletion settings a metric accepts: remove and close the gap, or replace by a token.
 DELETIONS = ("remove", "mask", "unk", "pad")
@@ -131,6 +132,7 @@ class TokenDeletion:
             ids, mask = self.inputs.masked_fill(deleted, self.replacement), self.mask
         output = self._run(ids, mask)
         if self.softmax:
+            check_softmax_applies(output)
             output = torch.log_softmax(output, -1) if log else torch.softmax(output, -1)
         elif log:
             output = output.log()

@@ -23,6 +23,7 @@ from captum_attnflow.evaluate.metrics import METRICS, check_faithfulness, comput
 from captum_attnflow.evaluate.results import ComparisonResult
 from captum_attnflow.evaluate.spearman import as_scores
 from captum_attnflow.hf import model_call
+from captum_attnflow.methods import method_entry
 
 # Written into every checkpoint: a file without it was not written by an Evaluator.
 CHECKPOINT_FORMAT = "captum_attnflow.Evaluator checkpoint 1"
@@ -45,7 +46,16 @@ class Evaluator:
     * an attribution class, e.g. ``AttentionRollout``: instantiated as ``cls(model)``.
     * a callable ``method(batch) -> (B, n) or (L, B, n)`` receiving the batch (tensors on the
       model's device, ``"target"`` added), for anything else, e.g. a fixed layer:
-      ``lambda batch: rollout.attribute(batch["input_ids"], layer=3, attention_mask=batch["attention_mask"])``.
+      ``lambda batch: rollout.attribute(batch["input_ids"], layer=3, attention_mask=batch["attention_mask"])``;
+    * a name of :data:`~captum_attnflow.methods.METHODS` or
+      :data:`~captum_attnflow.methods.EXTRA_METHODS` (``"alti"``, ``"gradient_rollout"``,
+      ``"integrated_gradients"``, ...), built for ``model`` (and ``tokenizer``, which
+      blank-out reads its unknown token from). ``methods`` and ``references`` may then be
+      lists of names: ``Evaluator(model, ["rollout", "alti"], ["blankout"], tokenizer=tokenizer)``.
+
+    A batch's ``"additional_forward_args"`` (a tuple, e.g. a sentence-embedding wrapper's
+    reference embeddings) is passed to every method whose ``attribute`` takes it and to the
+    token metrics, Captum's way: after the inputs.
 
     References must give (B, n). The explained class is ``batch[target]`` (default key
     ``"labels"``, the paper's "correct class") when the batch has it, else each example's
@@ -85,7 +95,10 @@ class Evaluator:
         target: the batch key holding the explained classes.
         show_progress: a tqdm bar over the batches (on the main process only).
         faithfulness: metric names, or ``{name: options}``, as above; None (default): none.
-        references may then be empty (``{}``), to measure faithfulness alone.
+            references may then be empty (``{}``), to measure faithfulness alone.
+        tokenizer: the model's tokenizer, for the methods given by name (blank-out's unknown
+            token) and the metrics' replacement tokens by name (``deletion="mask"``); None:
+            the model's config.
 
     Example::
 
@@ -118,14 +131,17 @@ class Evaluator:
         target: str = "labels",
         show_progress: bool = True,
         faithfulness: Any = None,
+        tokenizer: Any = None,
     ) -> None:
         self.faithfulness = check_faithfulness(faithfulness)
+        methods, references = _by_name(methods), _by_name(references)
         if not isinstance(methods, Mapping) or not isinstance(references, Mapping) or not methods or not (references or self.faithfulness):
             raise TypeError(
-                "methods and references must be non-empty mappings {name: method} (references may be {} "
-                "when faithfulness= names metrics)."
+                "methods and references must be non-empty mappings {name: method} or lists of method names "
+                "(references may be {} when faithfulness= names metrics)."
             )
         self.model = model
+        self.tokenizer = tokenizer
         self.methods = {name: self._instantiate(name, method) for name, method in methods.items()}
         self.references = {name: self._instantiate(name, method) for name, method in references.items()}
         self.exclude_special_tokens = exclude_special_tokens
@@ -282,7 +298,7 @@ class Evaluator:
                 for name, setting in self.faithfulness.items():
                     for layer, layer_scores in layers:
                         try:
-                            value = compute_metric(self.model, setting, batch, layer_scores, exclude)
+                            value = compute_metric(self.model, setting, batch, layer_scores, exclude, self.tokenizer)
                         except (TypeError, ValueError) as error:
                             raise type(error)(f"faithfulness {name!r} of method {method!r}: {error}") from error
                         values[(method, name, layer)] = value.detach().cpu().double().numpy()
@@ -291,10 +307,12 @@ class Evaluator:
     def _instantiate(self, name: str, method: Any) -> Any:
         if inspect.isclass(method):
             return method(self.model)
+        if isinstance(method, str):
+            return method_entry(method).build(self.model, self.tokenizer)
         if not hasattr(method, "attribute") and not callable(method):
             raise TypeError(
-                f"method {name!r} must have .attribute(inputs, ...), be an attribution class or a callable "
-                f"method(batch) -> scores; got {type(method).__name__}."
+                f"method {name!r} must have .attribute(inputs, ...), be an attribution class, a callable "
+                f"method(batch) -> scores or a method name; got {type(method).__name__}."
             )
         return method
 
@@ -306,7 +324,7 @@ class Evaluator:
                 + (f" with keys {list(batch)}" if isinstance(batch, Mapping) else "")
             )
         device = _device(self.model)
-        prepared = {key: value.to(device) if isinstance(value, Tensor) else value for key, value in batch.items()}
+        prepared = {key: _to(value, device) for key, value in batch.items()}
         if prepared.get("attention_mask") is None and "input_ids" in prepared:
             prepared["attention_mask"] = torch.ones_like(prepared["input_ids"])
         prepared.setdefault("attention_mask", None)  # images have no padding
@@ -329,15 +347,32 @@ class Evaluator:
             "position": batch.get("position"),
             "layer": None,
             "show_progress": False,  # the Evaluator's bar is the one to watch
+            "additional_forward_args": batch.get("additional_forward_args"),
         }
         kwargs = {key: value for key, value in offered.items() if key in accepted}
-        for key in ("position", "attention_mask"):  # no position in the batch; images have no mask
+        for key in ("position", "attention_mask", "additional_forward_args"):  # absent from the batch; images have no mask
             if key in kwargs and kwargs[key] is None:
                 del kwargs[key]
         try:
             return method.attribute(_inputs(batch), **kwargs)
         except (TypeError, ValueError) as error:
             raise type(error)(f"method {name!r} failed: {error}") from error
+
+
+def _by_name(methods: Any) -> Any:
+    """A list of method names as ``{name: name}``; anything else as it is."""
+    if isinstance(methods, (list, tuple)) and all(isinstance(name, str) for name in methods):
+        return {name: name for name in methods}
+    return methods
+
+
+def _to(value: Any, device: torch.device) -> Any:
+    """A tensor, or a tuple of values (``additional_forward_args``), on ``device``."""
+    if isinstance(value, Tensor):
+        return value.to(device)
+    if isinstance(value, tuple):
+        return tuple(_to(item, device) for item in value)
+    return value
 
 
 def _inputs(batch: Mapping[str, Any]) -> Tensor:

@@ -19,7 +19,7 @@ def _on_tokens(function: Callable[..., Tensor]) -> Callable[..., Tensor]:
     def call(model, batch, scores, exclude, options):
         return function(
             model, batch["input_ids"], scores, target=batch["target"], attention_mask=batch["attention_mask"],
-            exclude=exclude, **options,
+            exclude=exclude, additional_forward_args=batch.get("additional_forward_args"), **options,
         )
 
     return call
@@ -59,8 +59,8 @@ METRICS: dict[str, Metric] = {
 # What each metric name fixes of its function's arguments.
 _FIXED = {"positive-perturbation": {"order": "positive"}, "negative-perturbation": {"order": "negative"}}
 # The arguments the Evaluator passes itself.
-_SUPPLIED = {"forward_func", "inputs", "attributions", "target", "attention_mask", "exclude",
-             "subject_positions", "attractor_positions"}
+_SUPPLIED = {"forward_func", "inputs", "attributions", "target", "attention_mask", "exclude", "additional_forward_args",
+             "subject_positions", "attractor_positions", "tokenizer"}
 
 
 def check_faithfulness(faithfulness: Any) -> dict[str, dict]:
@@ -96,14 +96,20 @@ def check_faithfulness(faithfulness: Any) -> dict[str, dict]:
     return checked
 
 
-def compute_metric(model: Any, setting: Mapping[str, Any], batch: Mapping[str, Any], scores: Tensor, exclude: Tensor | None) -> Tensor:
-    """(B,) values of one checked ``setting`` (an entry of :func:`check_faithfulness`)."""
+def compute_metric(
+    model: Any, setting: Mapping[str, Any], batch: Mapping[str, Any], scores: Tensor, exclude: Tensor | None,
+    tokenizer: Any = None,
+) -> Tensor:
+    """(B,) values of one checked ``setting`` (an entry of :func:`check_faithfulness`); a
+    replacement token named in it (``"unk"``, ``"mask"``) is looked up on ``tokenizer`` first."""
     metric = METRICS[setting["metric"]]
     missing = [key for key in metric.batch_keys if batch.get(key) is None]
     if missing:
         hint = " (encode_examples gives them for the agreement data)" if metric.batch_keys == GROUND_TRUTH_KEYS else ""
         raise ValueError(f"faithfulness metric {setting['metric']!r} needs batch keys {missing}{hint}.")
     options = {key: value for key, value in setting.items() if key != "metric"}
+    if tokenizer is not None and "tokenizer" in inspect.signature(metric.function).parameters:
+        options["tokenizer"] = tokenizer
     return metric.call(model, batch, scores, exclude, {**_FIXED.get(setting["metric"], {}), **options})
 
 

@@ -30,6 +30,16 @@ def class_scores(output: Any) -> Tensor:
     return scores
 
 
+def check_softmax_applies(scores: Tensor) -> None:
+    """Refuse a softmax over (B, 1) scores, always 1: a regression or similarity output is
+    measured as it is (``softmax=False``)."""
+    if scores.shape[-1] == 1:
+        raise ValueError(
+            "the model returns one score per example (B, 1), whose softmax is always 1; it is not a class "
+            "logit: pass softmax=False to measure the score itself (e.g. a similarity or a regression output)."
+        )
+
+
 class ScoreForward:
     """``forward(inputs, attention_mask, *args) -> (B, C)`` for Captum, logits or probabilities.
 
@@ -54,7 +64,10 @@ class ScoreForward:
         else:
             output = self.forward_func(inputs, *args, **mask_keyword(self.forward_func, args, attention_mask))
         scores = class_scores(output)
-        return torch.softmax(scores.float(), dim=-1) if self.probabilities else scores
+        if self.probabilities:
+            check_softmax_applies(scores)
+            return torch.softmax(scores.float(), dim=-1)
+        return scores
 
     def prepare(
         self, inputs: Any, attention_mask: Tensor | None, additional_forward_args: Any
