@@ -114,16 +114,11 @@ def _language_model(examples: int, seed: int) -> tuple[nn.Module, Any, list[dict
 
     model, tokenizer = load_agreement_lm()
     copulas = tokenizer.convert_tokens_to_ids(list(COPULAS))
-    # One length per batch: a causal model's last token is then the verb's position in every row.
-    by_length: dict[int, list] = {}
-    for example in _with_attractors(examples, seed):
-        by_length.setdefault(len(example.words), []).append(example)
-    batches = []
-    for _, group in sorted(by_length.items()):
-        for chunk in _chunks(group):
-            batch = _agreement_batch(chunk, tokenizer)
-            batch["labels"] = torch.tensor([copulas[int(label)] for label in batch["labels"]])
-            batches.append(batch)
+    # Right padding: VerbLogits and the attention methods read each row's last real token.
+    chosen = sorted(_with_attractors(examples, seed), key=lambda example: len(example.words))
+    batches = [_agreement_batch(group, tokenizer) for group in _chunks(chosen)]
+    for batch in batches:
+        batch["labels"] = torch.tensor([copulas[int(label)] for label in batch["labels"]])
     return VerbLogits(model).eval(), tokenizer, batches
 
 

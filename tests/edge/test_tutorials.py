@@ -18,6 +18,7 @@ NOTEBOOKS = [
     "04_gpu_batching_long_inputs.ipynb",
     "05_generation.ipynb",
     "06_adversarial_attention.ipynb",
+    "07_which_explanation_to_trust.ipynb",
 ]
 
 

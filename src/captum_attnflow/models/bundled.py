@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from transformers import PreTrainedTokenizerFast
 from transformers.utils import logging as transformers_logging
@@ -68,3 +68,17 @@ def no_loading_bar() -> Iterator[None]:
     finally:
         if enabled:
             transformers_logging.enable_progress_bar()
+
+
+def load_checkpoint(model_class: Any, path: Path, what: str, training_module: str) -> tuple[Any, PreTrainedTokenizerFast]:
+    """``(model in eval mode, tokenizer)`` saved in ``path``, without the loading bar; a
+    FileNotFoundError names ``what`` is missing and the command that trains it."""
+    if not (path / "model.safetensors").is_file():
+        raise FileNotFoundError(
+            f"{path} holds no model.safetensors; reinstall captum-attnflow for the bundled {what}, "
+            f"or train one with `python -m captum_attnflow.models.{training_module} --out DIR`."
+        )
+    with no_loading_bar():
+        model = model_class.from_pretrained(path, local_files_only=True).eval()
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
+    return model, tokenizer

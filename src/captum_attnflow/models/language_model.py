@@ -24,7 +24,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
 from captum_attnflow.data import AgreementExample, build_tokenizer, vocabulary
 from captum_attnflow.data.agreement import accuracy_by_attractors
-from captum_attnflow.models.bundled import no_loading_bar
+from captum_attnflow.models.bundled import load_checkpoint
 
 COPULAS = ("is", "are")  # index = the number: SINGULAR, PLURAL
 END = "."
@@ -112,15 +112,7 @@ def load_agreement_lm(directory: str | Path | None = None) -> tuple[GPT2LMHeadMo
         True
     """
     path = ASSET_DIR if directory is None else Path(directory)
-    if not (path / "model.safetensors").is_file():
-        raise FileNotFoundError(
-            f"{path} holds no model.safetensors; reinstall captum-attnflow for the bundled language model, "
-            "or train one with `python -m captum_attnflow.models.train_lm --out DIR`."
-        )
-    with no_loading_bar():
-        model = GPT2LMHeadModel.from_pretrained(path, local_files_only=True).eval()
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
-    return model, tokenizer
+    return load_checkpoint(GPT2LMHeadModel, path, "language model", "train_lm")
 
 
 def verb_number_accuracy(

@@ -23,7 +23,7 @@ from transformers.utils.output_capturing import capture_outputs
 
 from captum_attnflow.data.chunking import CHUNK_TAGS, IGNORE_INDEX
 from captum_attnflow.models.agreement import AgreementConfig, AgreementModel
-from captum_attnflow.models.bundled import no_loading_bar
+from captum_attnflow.models.bundled import load_checkpoint
 
 
 @strict
@@ -178,12 +178,4 @@ def load_chunk_tagger(directory: str | Path | None = None) -> tuple[TaggerModel,
         ['B-NP', 'I-NP', 'B-PP', 'B-NP', 'I-NP']
     """
     path = TAGGER_DIR if directory is None else Path(directory)
-    if not (path / "model.safetensors").is_file():
-        raise FileNotFoundError(
-            f"{path} holds no model.safetensors; reinstall captum-attnflow for the bundled tagger, "
-            "or train one with `python -m captum_attnflow.models.train_tagger --out DIR`."
-        )
-    with no_loading_bar():
-        model = TaggerModel.from_pretrained(path, local_files_only=True).eval()
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
-    return model, tokenizer
+    return load_checkpoint(TaggerModel, path, "tagger", "train_tagger")
