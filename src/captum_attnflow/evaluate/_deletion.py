@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, Callable, Iterator
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -148,7 +149,7 @@ class TokenDeletion:
         if store is None:
             return self.forward(ids, mask.long(), *args).float()
         model = (id(self.forward.forward_func), tuple(id(arg) for arg in args))
-        keys = [(model, row, *_row_key(row_ids, row_mask)) for row, (row_ids, row_mask) in enumerate(zip(ids, mask))]
+        keys = [(model, row, *key) for row, key in enumerate(_row_keys(ids, mask))]
         missing = [row for row, key in enumerate(keys) if key not in store]
         if missing:
             rows = torch.tensor(missing, device=ids.device)
@@ -206,10 +207,12 @@ def _remove(inputs: Tensor, kept: Tensor, pad_token_id: int) -> tuple[Tensor, Te
     return ids.masked_fill(~kept_mask, pad_token_id), kept_mask
 
 
-def _row_key(ids: Tensor, mask: Tensor) -> tuple[bytes, bytes]:
-    """A row's token ids and mask up to its last real token: the same row whatever padding follows."""
-    length = int(mask.nonzero().max()) + 1 if bool(mask.any()) else 0
-    return ids[:length].cpu().numpy().tobytes(), mask[:length].cpu().numpy().tobytes()
+def _row_keys(ids: Tensor, mask: Tensor) -> list[tuple[bytes, bytes]]:
+    """Each row's token ids and mask up to its last real token: the same row whatever padding
+    follows. One copy to the host for the batch, not one per row."""
+    ids, mask = ids.cpu().numpy(), mask.cpu().numpy()
+    lengths = np.where(mask.any(-1), mask.shape[1] - mask[:, ::-1].argmax(-1), 0)
+    return [(row_ids[:length].tobytes(), row_mask[:length].tobytes()) for row_ids, row_mask, length in zip(ids, mask, lengths)]
 
 
 def _target_indices(target: Any, batch: int, device: torch.device) -> Tensor:
