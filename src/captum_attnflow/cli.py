@@ -47,6 +47,7 @@ VALUE_LABELS = {
     "norm": "norm of weighted values",
     "saliency": "gradient norm",
     "blankout": "drop in probability",
+    "attnlrp": "relevance (AttnLRP)",
 }
 
 
@@ -497,7 +498,8 @@ def _add_generate(commands: Any) -> None:
     generate.add_argument("prompt", help='the prompt, e.g. "the keys to the cabinet"')
     generate.add_argument("--target", help="explain this continuation instead of generating one")
     generate.add_argument(
-        "--method", choices=attention_methods(), default="rollout", help="attribution method (default: rollout)"
+        "--method", choices=(*attention_methods(), "attnlrp"), default="rollout",
+        help="attribution method (default: rollout)"
     )
     generate.add_argument(
         "--layer", type=_positive, default=None, metavar="N", help="explain after layer N (default: the last)"

@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from captum_attnflow.attr.alti import ALTI
 from captum_attnflow.attr.attention_norm import AttentionNorm
+from captum_attnflow.attr.attnlrp import AttnLRP
 from captum_attnflow.attr.flow import AttentionFlow
 from captum_attnflow.attr.gradient_rollout import GradientWeightedRollout
 from captum_attnflow.attr.raw_attention import RawAttention
@@ -93,6 +94,8 @@ class LLMAttentionAttribution(Attribution):
       gradient of its own logit at the position that writes it (all positions from one forward
       pass and batched backward passes); on an encoder-decoder with Chefer et al.'s co-attention
       rules (:meth:`~captum_attnflow.GradientWeightedRollout.encoder_decoder_rows`).
+      :class:`~captum_attnflow.AttnLRP` does the same on decoder-only models (one backward pass per
+      output token, its relevance not normalised).
       :class:`~captum_attnflow.ValueZeroing`, :class:`~captum_attnflow.ALTI` and
       :class:`~captum_attnflow.AttentionNorm` explain decoder-only models of the architecture table.
 
@@ -100,8 +103,8 @@ class LLMAttentionAttribution(Attribution):
         attr_method: a :class:`~captum_attnflow.RawAttention`,
             :class:`~captum_attnflow.AttentionRollout`, :class:`~captum_attnflow.AttentionFlow`,
             :class:`~captum_attnflow.GradientWeightedRollout`, :class:`~captum_attnflow.ValueZeroing`,
-            :class:`~captum_attnflow.ALTI` or :class:`~captum_attnflow.AttentionNorm` built on the
-            Hugging Face model itself.
+            :class:`~captum_attnflow.ALTI`, :class:`~captum_attnflow.AttentionNorm` or
+            :class:`~captum_attnflow.AttnLRP` built on the Hugging Face model itself.
         tokenizer: the model's tokenizer.
 
     Raises:
@@ -110,6 +113,7 @@ class LLMAttentionAttribution(Attribution):
 
     SUPPORTED_METHODS = (
         RawAttention, AttentionRollout, AttentionFlow, GradientWeightedRollout, ValueZeroing, ALTI, AttentionNorm,
+        AttnLRP,
     )
 
     def __init__(self, attr_method: Attribution, tokenizer: Any) -> None:
@@ -348,7 +352,7 @@ class LLMAttentionAttribution(Attribution):
             method = type(self.attr_method)(lambda _inputs: attentions)
         else:  # methods that read gradients or the model's internals run the model themselves, once
             method = self.attr_method
-            if isinstance(method, GradientWeightedRollout):  # each position explains the token it writes
+            if isinstance(method, (GradientWeightedRollout, AttnLRP)):  # each position explains the token it writes
                 kwargs = {"target": ids.gather(1, position + 1), **kwargs}
         # (B, max n_out, N)
         scores = method.attribute(ids, position=position, layer=layer, attention_mask=mask, **kwargs)
