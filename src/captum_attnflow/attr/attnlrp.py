@@ -12,8 +12,7 @@ from captum_attnflow.attr._base import AttentionAttribution
 from captum_attnflow.attr.gradient_rollout import _TARGET_DOC
 from captum_attnflow.docstrings import fill_docstring
 from captum_attnflow.functional.checks import POSITION_DOC, as_mask, default_position, positions
-from captum_attnflow.hf import output_scores, target_scores
-from captum_attnflow.hf.lrp import attnlrp_forward
+from captum_attnflow.hf import attnlrp_forward, output_scores, target_scores
 
 _ARGS_DOC = """
         Args:
