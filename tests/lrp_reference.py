@@ -96,7 +96,11 @@ class _Tape:
         centred_value = self.v(x) - self.v(x).mean(-1, keepdim=True)
         X = self.v(x)
         # the centring, a linear map without bias: R_x = x ⊙ Cᵀ(R_c / c), C = I - 1/D
-        c = self.node(centred_value, [x], lambda R: [X * (_ratio(R, centred_value) - _ratio(R, centred_value).mean(-1, keepdim=True))])
+        def centring(R):
+            share = _ratio(R, centred_value)
+            return [X * (share - share.mean(-1, keepdim=True))]
+
+        c = self.node(centred_value, [x], centring)
         sigma = torch.sqrt((centred_value**2).mean(-1, keepdim=True) + norm.eps)
         n = self.identity(c, lambda value: value / sigma)
         return self.affine(n, norm.weight, norm.bias)

@@ -142,7 +142,10 @@ def _is_causal(attention_mask: Tensor | None, queries: int, keys: int) -> bool:
     if attention_mask is None or queries != keys or queries < 2:
         return False
     later = torch.ones(queries, keys, dtype=torch.bool, device=attention_mask.device).triu(1)
-    hidden = ~attention_mask if attention_mask.dtype == torch.bool else attention_mask <= torch.finfo(attention_mask.dtype).min / 2
+    if attention_mask.dtype == torch.bool:
+        hidden = ~attention_mask
+    else:
+        hidden = attention_mask <= torch.finfo(attention_mask.dtype).min / 2
     return bool(hidden[..., later].all())
 
 
@@ -153,19 +156,37 @@ def _register() -> None:
             AttentionMaskInterface.register(_NAME, eager_mask)
 
 
+class _NormRule(torch.autograd.Function):
+    """The norm's output ``y``, with the gradient of :math:`x \\mapsto w \\odot P x / \\sigma` at
+    :math:`\\sigma` held constant: P the centring :math:`I - \\tfrac1D 1 1^\\top` (LayerNorm) or
+    the identity (RMSNorm). Saves only :math:`\\sigma` (..., 1) and w, less than the norm's own backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, y: Tensor, weight: Tensor | None, sigma: Tensor, centred: bool) -> Tensor:
+        ctx.save_for_backward(weight, sigma)
+        ctx.centred = centred
+        return y.view_as(y)
+
+    @staticmethod
+    def backward(ctx: Any, gradient: Tensor) -> tuple[Tensor | None, ...]:
+        weight, sigma = ctx.saved_tensors
+        scaled = (gradient if weight is None else gradient * weight) / sigma
+        if ctx.centred:
+            scaled = scaled - scaled.mean(-1, keepdim=True)
+        return scaled.to(gradient.dtype), None, None, None, None
+
+
 def _layer_norm_rule(module: nn.LayerNorm, args: tuple, output: Tensor) -> Tensor:
-    x = args[0]
-    centred = x - x.mean(-1, keepdim=True)
-    sigma = (centred.detach().pow(2).mean(-1, keepdim=True) + module.eps).sqrt()
-    linear = centred / sigma if module.weight is None else centred / sigma * module.weight
-    return output.detach() + (linear - linear.detach())
+    x = args[0].detach()
+    sigma = (x.var(-1, unbiased=False, keepdim=True) + module.eps).sqrt()
+    weight = None if module.weight is None else module.weight.detach()
+    return _NormRule.apply(args[0], output.detach(), weight, sigma, True)
 
 
 def _rms_norm_rule(module: nn.Module, args: tuple, output: Tensor) -> Tensor:
-    x = args[0]
-    rms = (x.detach().float().pow(2).mean(-1, keepdim=True) + module.variance_epsilon).sqrt().to(x.dtype)
-    linear = x / rms * module.weight
-    return output.detach() + (linear - linear.detach()).to(output.dtype)
+    x = args[0].detach().float()
+    sigma = (x.pow(2).mean(-1, keepdim=True) + module.variance_epsilon).sqrt()
+    return _NormRule.apply(args[0], output.detach(), module.weight.detach(), sigma, False)
 
 
 def _activation_rule(factor: float) -> Callable[[nn.Module, tuple, Tensor], Tensor]:
