@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 from captum.attr import GradientAttribution
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from captum_attnflow.attr._base import AttentionAttribution, with_internals_args
 from captum_attnflow.functional.checks import as_mask, default_position, layer_indices, positions
@@ -93,9 +94,12 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         position: int | list[int] | Tensor | None = None,
         layer: int | None = -1,
         attention_mask: Tensor | None = None,
+        show_progress: bool | None = None,
     ) -> Tensor:
         """Gradient-weighted rollout of ``position`` after ``layer`` for the score ``target``.
-{args}
+{args}            show_progress (bool, optional): a tqdm bar over the backward passes (one per
+                explained position of a language model); None (default) shows it when they
+                are many and long.
 
         Returns:
             Tensor: float32 {shapes} Padding gets 0.
@@ -112,11 +116,12 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         inputs, args, attention_mask, _ = self._checked_inputs(inputs, additional_forward_args, attention_mask)
         with torch.enable_grad():  # as Captum's gradient methods, also inside torch.no_grad()
             if self._lean_gradients():
-                return self._streamed(inputs, target, args, position, layer, attention_mask)
-            return self._stored(inputs, target, args, position, layer, attention_mask)
+                return self._streamed(inputs, target, args, position, layer, attention_mask, show_progress)
+            return self._stored(inputs, target, args, position, layer, attention_mask, show_progress)
 
     def _stored(
-        self, inputs: Tensor, target: Any, args: tuple, position: Any, layer: int | None, attention_mask: Tensor | None
+        self, inputs: Tensor, target: Any, args: tuple, position: Any, layer: int | None, attention_mask: Tensor | None,
+        show_progress: bool | None,
     ) -> Tensor:
         """:meth:`attribute` from eager attention's stored probabilities and their gradients."""
         internals = capture_internals(self.forward_func, inputs, args, attention_mask, gradients=True)
@@ -135,7 +140,7 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         count = sources.shape[1] if output_scores(internals.output).dim() == 3 else 1
         chunk = max(1, _GRADIENT_NUMBERS // sum(p.numel() for p in probabilities))
         rows = []
-        for start in range(0, count, chunk):
+        for start in _progress(range(0, count, chunk), count * n * n * len(probabilities), show_progress):
             for explained, gradients in _gradients(scores, probabilities, start, min(count, start + chunk), count):
                 gradients = [_in_order(internals, g) for g in gradients]
                 rows.append(gradient_weighted_rollout(attentions, gradients, sources[:, explained], layer, mask))
@@ -156,7 +161,8 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         return supported
 
     def _streamed(
-        self, inputs: Tensor, target: Any, args: tuple, position: Any, layer: int | None, attention_mask: Tensor | None
+        self, inputs: Tensor, target: Any, args: tuple, position: Any, layer: int | None, attention_mask: Tensor | None,
+        show_progress: bool | None,
     ) -> Tensor:
         """:meth:`attribute` on the lean path: one backward pass per explained score, each layer's
         :math:`\\bar A_l` in row blocks from the queries, keys, values and output gradient."""
@@ -179,7 +185,7 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         count = sources.shape[1] if output_scores(capture.output).dim() == 3 else 1
         explained = [slice(k, k + 1) for k in range(count)] if count > 1 else [slice(None)]
         rows = []
-        for k, part in enumerate(explained):
+        for k, part in enumerate(_progress(explained, count * batch * n * n * len(below), show_progress)):
             gradients = capture.output_gradients(scores[:, part.start or 0].sum(), below, retain_graph=k < count - 1)
             streams = [
                 lambda needed, i=i: capture.weighted_blocks(i, gradients[i], needed) for i in below
@@ -280,6 +286,17 @@ def _token_scores(output: Any, target: Tensor) -> Tensor:
     """(B, m) the logit of ``target`` (B, m) at each decoder position."""
     logits = output_scores(output)
     return logits.gather(-1, target[..., None].to(logits.device)).squeeze(-1)
+
+
+def _progress(steps: Sequence[Any], numbers: int, show: bool | None) -> Iterable[Any]:
+    """``steps`` (backward passes) with a tqdm bar: shown when ``show``, or when None for more
+    than one step whose maps add up to more than about 1e8 numbers."""
+    if show is None:
+        show = len(steps) > 1 and numbers > _PROGRESS_NUMBERS
+    return tqdm(steps, desc="gradient-weighted rollout", unit="backward", disable=not show)
+
+
+_PROGRESS_NUMBERS = 10**8
 
 
 def _check_self_attention(shapes: Iterable[tuple[int, ...]]) -> None:
