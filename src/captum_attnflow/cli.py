@@ -497,7 +497,13 @@ def _add_generate(commands: Any) -> None:
     generate.add_argument("prompt", help='the prompt, e.g. "the keys to the cabinet"')
     generate.add_argument("--target", help="explain this continuation instead of generating one")
     generate.add_argument(
-        "--method", choices=attention_methods(), default="rollout", help="attribution method (default: rollout)"
+        "--contrast", metavar="TEXT",
+        help='explain why the model wrote the target rather than TEXT (e.g. "is"), by the gradient of the '
+        "difference of their logits; needs --method gradient_rollout (the default then)",
+    )
+    generate.add_argument(
+        "--method", choices=attention_methods(), default=None,
+        help="attribution method (default: rollout; gradient_rollout with --contrast)",
     )
     generate.add_argument(
         "--layer", type=_positive, default=None, metavar="N", help="explain after layer N (default: the last)"
@@ -527,10 +533,14 @@ def _generate(args: argparse.Namespace) -> int:
         model, tokenizer = load_agreement_lm()
     else:
         model, tokenizer = _load_language_model(args.model)
-    explainer = LLMAttentionAttribution(METHODS[args.method].build(model, tokenizer), tokenizer)
+    method = args.method or ("rollout" if args.contrast is None else "gradient_rollout")
+    if args.contrast is not None and not METHODS[method].class_specific:
+        raise ValueError(f"--contrast explains a difference of logits by its gradient: use --method gradient_rollout, not {method}.")
+    explainer = LLMAttentionAttribution(METHODS[method].build(model, tokenizer), tokenizer)
     result = explainer.attribute(
         args.prompt,
         target=args.target,
+        contrast_target=args.contrast,
         layer=-1 if args.layer is None else args.layer,
         max_new_tokens=args.max_new_tokens,
         receptive_field=args.receptive_field,

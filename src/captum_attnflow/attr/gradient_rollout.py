@@ -21,7 +21,11 @@ _TARGET_DOC = """
                 or (B,) tensor); for a language model's (B, n, V) logits the token whose logit
                 is explained at each explained position (its next-token prediction): one id,
                 (B,) or (B, S); for a forward function returning (B,) scores, None. None
-                (default): the predicted class, or the predicted token at each position."""
+                (default): the predicted class, or the predicted token at each position.
+            contrast (int, list or Tensor, optional): a contrastive explanation (Yin & Neubig,
+                EMNLP 2022): the explained score is the target's minus this index's,
+                :math:`y_t - y_c`, in the same forms as ``target``. None (default): the
+                target's score alone."""
 
 
 class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
@@ -66,6 +70,7 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         position: int | list[int] | Tensor | None = None,
         layer: int | None = -1,
         attention_mask: Tensor | None = None,
+        contrast: Any = None,
     ) -> Tensor:
         """Gradient-weighted rollout of ``position`` after ``layer`` for the score ``target``.
 {args}
@@ -96,7 +101,7 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
             causal = all(not bool(p.detach().triu(1).any()) for p in probabilities)
             position = default_position(mask, causal)
         sources, has_axis = positions(position, mask)
-        scores = target_scores(internals.output, target, internals.run_positions(sources))
+        scores = target_scores(internals.output, target, internals.run_positions(sources), contrast)
         attentions = [_in_order(internals, p.detach()) for p in probabilities]
         # A language model's positions each predict their own token: one gradient per position,
         # several at once (one batched backward per chunk); a classifier's score is one for all.
