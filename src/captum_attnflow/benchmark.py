@@ -28,6 +28,7 @@ Per-layer methods appear twice: at their last layer, and at their best layer for
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from dataclasses import dataclass, field
@@ -94,7 +95,6 @@ class BenchmarkResult:
 def _methods(model: nn.Module, tokenizer: Any, task: Task, names: Sequence[str], timing: dict[str, list[float]], seed: int) -> dict:
     """``{name: callable(batch)}`` for the Evaluator, each adding its seconds and examples to
     ``timing[name]`` (``[seconds, examples]``, over the batches it runs)."""
-    generator = torch.Generator().manual_seed(seed)
     methods = {}
     for name in names:
         entry = None if name == FLOOR else method_entry(name)
@@ -105,7 +105,7 @@ def _methods(model: nn.Module, tokenizer: Any, task: Task, names: Sequence[str],
         def call(batch: dict, method: Any = method, entry: Any = entry, name: str = name) -> Tensor:
             start = time.perf_counter()
             if entry is None:
-                scores = torch.rand(batch["input_ids"].shape, generator=generator) * batch["attention_mask"]
+                scores = _random_scores(batch, seed)
             else:
                 scores = _attribute(method, entry, task, batch)
             spent = timing.setdefault(name, [0.0, 0])
@@ -115,6 +115,15 @@ def _methods(model: nn.Module, tokenizer: Any, task: Task, names: Sequence[str],
 
         methods[name] = call
     return methods
+
+
+def _random_scores(batch: dict, seed: int) -> Tensor:
+    """The floor: uniform scores drawn from ``seed`` and the batch's tokens, so that a batch gets
+    the same ones whichever process of ``accelerate launch`` runs it, and in whatever order."""
+    ids = batch["input_ids"]
+    digest = hashlib.sha256(ids.detach().cpu().numpy().tobytes()).digest()
+    generator = torch.Generator().manual_seed(seed ^ int.from_bytes(digest[:7], "little"))
+    return torch.rand(ids.shape, generator=generator).to(ids.device) * batch["attention_mask"]
 
 
 def _attribute(method: Any, entry: Any, task: Task, batch: dict) -> Tensor:
@@ -155,6 +164,7 @@ def run_benchmark(
     columns: Any = None,
     batch_size: int = 32,
     deletion: str = "remove",
+    name: str = "data",
 ) -> BenchmarkResult:
     """Run every method on every task and rank them by faithfulness (see the module docstring),
     or on your own model and data (``model``, ``tokenizer``, ``dataset``; see
@@ -184,6 +194,7 @@ def run_benchmark(
         deletion: how the faithfulness metrics delete tokens of ``dataset``: ``"remove"``
             (default, out of the attention mask) or a replacement token, ``"mask"``,
             ``"unk"``, ``"pad"``.
+        name: the task name of ``dataset`` in the tables (and its checkpoint, ``<name>.npz``).
 
     Returns:
         BenchmarkResult: the leaderboard and the timings.
@@ -220,7 +231,7 @@ def run_benchmark(
         if model is None or tokenizer is None or dataset is None:
             raise ValueError("benchmarking your own model needs model=, tokenizer= and dataset= (a datasets.Dataset).")
         return run_user_benchmark(
-            model, tokenizer, dataset, columns, methods, examples, seed, batch_size, deletion,
+            model, tokenizer, dataset, columns, methods, examples, seed, batch_size, deletion, name,
             n_resamples=n_resamples, show_progress=show_progress, checkpoint_dir=checkpoint_dir,
         )
     examples = 64 if examples is None else examples

@@ -60,10 +60,17 @@ def load_data(path: str | Path) -> Any:
     builder, options = _BUILDERS[path.suffix.lower()]
     if path.stat().st_size == 0:
         raise ValueError(f"--data {path} is empty: it has no rows to explain.")
+    if builder == "csv" and sum(1 for line in path.open(encoding="utf-8", errors="replace") if line.strip()) < 2:
+        raise ValueError(f"--data {path} has a header but no rows to explain.")
+    quiet = not datasets.utils.logging.is_progress_bar_enabled()
+    datasets.utils.logging.disable_progress_bar()
     try:
         dataset = datasets.load_dataset(builder, data_files=str(path), split="train", **options)
     except Exception as error:  # the builders raise pandas', pyarrow's and their own errors
         raise ValueError(f"--data {path} cannot be read as {builder}: {type(error).__name__}: {error}") from error
+    finally:
+        if not quiet:
+            datasets.utils.logging.enable_progress_bar()
     if len(dataset) == 0:
         raise ValueError(f"--data {path} has a header but no rows to explain.")
     return dataset
