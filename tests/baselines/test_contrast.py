@@ -78,11 +78,12 @@ def test_contrast_is_the_difference_of_two_explanations_and_of_a_difference_mode
     assert contrastive.abs().sum() > 0 and not torch.allclose(contrastive, target)
 
 
-def test_gradient_weighted_rollout_contrast_is_the_rollout_of_a_difference_model():
+@pytest.mark.parametrize("lean", [None, False])  # recomputed attention gradients, and eager attention's stored ones
+def test_gradient_weighted_rollout_contrast_is_the_rollout_of_a_difference_model(lean):
     model = make_classifier()
     ids, mask = padded_batch()
-    contrastive = GradientWeightedRollout(model).attribute(ids, target=TARGET, contrast=CONTRAST, attention_mask=mask, layer=None)
-    difference = GradientWeightedRollout(Difference(model)).attribute(
+    contrastive = GradientWeightedRollout(model, lean=lean).attribute(ids, target=TARGET, contrast=CONTRAST, attention_mask=mask, layer=None)
+    difference = GradientWeightedRollout(Difference(model), lean=lean).attribute(
         ids, target=0, additional_forward_args=(TARGET, CONTRAST), attention_mask=mask, layer=None
     )
     torch.testing.assert_close(contrastive, difference, atol=1e-5, rtol=1e-4)

@@ -117,11 +117,12 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         inputs, args, attention_mask, _ = self._checked_inputs(inputs, additional_forward_args, attention_mask)
         with torch.enable_grad():  # as Captum's gradient methods, also inside torch.no_grad()
             if self._lean_gradients():
-                return self._streamed(inputs, target, args, position, layer, attention_mask)
-            return self._stored(inputs, target, args, position, layer, attention_mask)
+                return self._streamed(inputs, target, args, position, layer, attention_mask, contrast)
+            return self._stored(inputs, target, args, position, layer, attention_mask, contrast)
 
     def _stored(
-        self, inputs: Tensor, target: Any, args: tuple, position: Any, layer: int | None, attention_mask: Tensor | None
+        self, inputs: Tensor, target: Any, args: tuple, position: Any, layer: int | None, attention_mask: Tensor | None,
+        contrast: Any = None,
     ) -> Tensor:
         """:meth:`attribute` from eager attention's stored probabilities and their gradients."""
         internals = capture_internals(self.forward_func, inputs, args, attention_mask, gradients=True)
@@ -161,7 +162,8 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         return supported
 
     def _streamed(
-        self, inputs: Tensor, target: Any, args: tuple, position: Any, layer: int | None, attention_mask: Tensor | None
+        self, inputs: Tensor, target: Any, args: tuple, position: Any, layer: int | None, attention_mask: Tensor | None,
+        contrast: Any = None,
     ) -> Tensor:
         """:meth:`attribute` on the lean path: one backward pass per explained score, each layer's
         :math:`\\bar A_l` in row blocks from the queries, keys, values and output gradient."""
@@ -176,7 +178,7 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         sources, has_axis = positions(position, mask)
         run_sources = sources if capture.order is None else in_run_order(sources, capture.order.to(device))
         run_mask = as_mask(capture.mask, batch, n, device)
-        scores = target_scores(capture.output, target, run_sources)
+        scores = target_scores(capture.output, target, run_sources, contrast)
         layers = layer_indices(layer, len(calls))
         below = range(max(layers) + 1)  # the layers the explained ones are rolled out over
         # A language model's positions each predict their own token: one backward per position;
