@@ -116,7 +116,7 @@ class ScoreForward:
         Example::
 
             >>> import torch
-            >>> forward = ScoreForward(lambda ids, mask: ids.float())
+            >>> forward = ScoreForward(lambda ids, attention_mask=None: ids.float())
             >>> ids = torch.tensor([[1, 4, 2]])
             >>> contrasted, args = forward.contrastive(ids, (torch.ones_like(ids),), 2)
             >>> contrasted(ids, *args)
