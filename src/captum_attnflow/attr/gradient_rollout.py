@@ -36,7 +36,11 @@ _TARGET_DOC = """
                 or (B,) tensor); for a language model's (B, n, V) logits the token whose logit
                 is explained at each explained position (its next-token prediction): one id,
                 (B,) or (B, S); for a forward function returning (B,) scores, None. None
-                (default): the predicted class, or the predicted token at each position."""
+                (default): the predicted class, or the predicted token at each position.
+            contrast (int, list or Tensor, optional): a contrastive explanation (Yin & Neubig,
+                EMNLP 2022): the explained score is the target's minus this index's,
+                :math:`y_t - y_c`, in the same forms as ``target``. None (default): the
+                target's score alone."""
 
 
 class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
@@ -94,6 +98,7 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         position: int | list[int] | Tensor | None = None,
         layer: int | None = -1,
         attention_mask: Tensor | None = None,
+        contrast: Any = None,
         show_progress: bool | None = None,
     ) -> Tensor:
         """Gradient-weighted rollout of ``position`` after ``layer`` for the score ``target``.
@@ -116,12 +121,12 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         inputs, args, attention_mask, _ = self._checked_inputs(inputs, additional_forward_args, attention_mask)
         with torch.enable_grad():  # as Captum's gradient methods, also inside torch.no_grad()
             if self._lean_gradients():
-                return self._streamed(inputs, target, args, position, layer, attention_mask, show_progress)
-            return self._stored(inputs, target, args, position, layer, attention_mask, show_progress)
+                return self._streamed(inputs, target, args, position, layer, attention_mask, contrast, show_progress)
+            return self._stored(inputs, target, args, position, layer, attention_mask, contrast, show_progress)
 
     def _stored(
         self, inputs: Tensor, target: Any, args: tuple, position: Any, layer: int | None, attention_mask: Tensor | None,
-        show_progress: bool | None,
+        contrast: Any, show_progress: bool | None,
     ) -> Tensor:
         """:meth:`attribute` from eager attention's stored probabilities and their gradients."""
         internals = capture_internals(self.forward_func, inputs, args, attention_mask, gradients=True)
@@ -133,7 +138,7 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
             causal = all(not bool(p.detach().triu(1).any()) for p in probabilities)
             position = default_position(mask, causal)
         sources, has_axis = positions(position, mask)
-        scores = target_scores(internals.output, target, internals.run_positions(sources))
+        scores = target_scores(internals.output, target, internals.run_positions(sources), contrast)
         attentions = [_in_order(internals, p.detach()) for p in probabilities]
         # A language model's positions each predict their own token: one gradient per position,
         # several at once (one batched backward per chunk); a classifier's score is one for all.
@@ -162,7 +167,7 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
 
     def _streamed(
         self, inputs: Tensor, target: Any, args: tuple, position: Any, layer: int | None, attention_mask: Tensor | None,
-        show_progress: bool | None,
+        contrast: Any, show_progress: bool | None,
     ) -> Tensor:
         """:meth:`attribute` on the lean path: one backward pass per explained score, each layer's
         :math:`\\bar A_l` in row blocks from the queries, keys, values and output gradient."""
@@ -177,7 +182,7 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         sources, has_axis = positions(position, mask)
         run_sources = sources if capture.order is None else in_run_order(sources, capture.order.to(device))
         run_mask = as_mask(capture.mask, batch, n, device)
-        scores = target_scores(capture.output, target, run_sources)
+        scores = target_scores(capture.output, target, run_sources, contrast)
         layers = layer_indices(layer, len(calls))
         below = range(max(layers) + 1)  # the layers the explained ones are rolled out over
         # A language model's positions each predict their own token: one backward per position;

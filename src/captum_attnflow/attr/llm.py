@@ -140,6 +140,7 @@ class LLMAttentionAttribution(Attribution):
         receptive_field: bool = False,
         drop_sink: bool = False,
         padding_side: str | None = None,
+        contrast_target: str | Tensor | None | Sequence[str | Tensor | None] = None,
         **kwargs: Any,
     ) -> LLMAttentionAttributionResult | list[LLMAttentionAttributionResult]:
         """Scores of the prompt tokens for every output token, from one forward pass.
@@ -168,6 +169,13 @@ class LLMAttentionAttribution(Attribution):
             padding_side: ``"left"`` or ``"right"`` for a list of prompts of a decoder-only
                 model (both give the same scores); None uses the tokenizer's. Encoder-decoders
                 pad the source on the right.
+            contrast_target: a contrastive explanation (Yin & Neubig, EMNLP 2022; inseq's
+                ``contrast_targets``) with :class:`~captum_attnflow.GradientWeightedRollout` on
+                a decoder-only model: output token :math:`t` is explained by the gradient of
+                its logit minus the logit of contrast token :math:`t` at the same position,
+                why the model wrote ``"are"`` rather than ``"is"``. A string or token ids as
+                ``target`` (a list, one per prompt); as many tokens as a given target, and a
+                generated target is cut to its length. None (default): not contrastive.
             **kwargs: passed to the method's ``attribute`` (``head_fusion``,
                 ``residual_alpha``, and for flow ``normalize``, ``show_progress``); for an
                 encoder-decoder ``head_fusion`` and ``residual_alpha`` (default: the method's).
@@ -209,6 +217,13 @@ class LLMAttentionAttribution(Attribution):
             >>> fair = explainer.attribute("the keys to the cabinet", target="are .", receptive_field=True)
             >>> fair.input_tokens[fair.token_attr[0].argmax()]
             'cabinet'
+
+            Why "are" rather than "is"? The gradient of the difference of their logits:
+
+            >>> from captum_attnflow import GradientWeightedRollout
+            >>> why = LLMAttentionAttribution(GradientWeightedRollout(model), tokenizer)
+            >>> why.attribute("the keys to the cabinet", target="are", contrast_target="is").token_attr.shape
+            torch.Size([1, 6])
         """
         single = isinstance(inp, (str, TextTokenInput))
         prompts = [inp] if single else list(inp)
@@ -228,6 +243,9 @@ class LLMAttentionAttribution(Attribution):
         device = next(self.model.parameters()).device
         prompt_ids = [self._prompt_ids(text, device) for text in inputs]
         output_ids = [self._target_ids(ids, t, max_new_tokens, device) for ids, t in zip(prompt_ids, targets)]
+        if contrast_target is not None:
+            contrasts = [contrast_target] if single else list(contrast_target)
+            output_ids, kwargs["contrast"] = self._contrast_ids(prompt_ids, output_ids, targets, contrasts, device)
         if self.encoder_decoder:
             rows = self._encoder_decoder_rows(prompt_ids, output_ids, layer, kwargs)
         else:
@@ -327,6 +345,29 @@ class LLMAttentionAttribution(Attribution):
             )
         return ids
 
+    def _contrast_ids(
+        self, prompts: list[Tensor], outputs: list[Tensor], targets: list, contrasts: list, device: torch.device
+    ) -> tuple[list[Tensor], list[Tensor]]:
+        """The outputs (generated ones cut to their contrast's length) and the contrast token ids."""
+        if not isinstance(self.attr_method, GradientWeightedRollout) or self.encoder_decoder:
+            raise TypeError(
+                "contrast_target explains the difference of two logits by its gradient: wrap GradientWeightedRollout "
+                f"built on a decoder-only model, got {type(self.attr_method).__name__}"
+                + (" on an encoder-decoder." if self.encoder_decoder else ".")
+            )
+        if len(contrasts) != len(prompts) or any(c is None for c in contrasts):
+            raise ValueError(f"got {len(prompts)} prompts but contrast_target {contrasts!r}: pass one contrast per prompt.")
+        ids = [self._target_ids(prompt, c, 0, device) for prompt, c in zip(prompts, contrasts)]
+        cut = []
+        for output, contrast, target in zip(outputs, ids, targets):
+            if contrast.numel() > output.numel() or (target is not None and contrast.numel() != output.numel()):
+                raise ValueError(
+                    f"the contrast has {contrast.numel()} tokens and the target {output.numel()}: each output token is "
+                    "explained against the contrast token at the same place, give both the same number of tokens."
+                )
+            cut.append(output[: contrast.numel()])
+        return cut, ids
+
     def _decoder_rows(
         self, prompts: list[Tensor], outputs: list[Tensor], layer: int, padding_side: str | None, kwargs: dict
     ) -> list[Tensor]:
@@ -350,6 +391,9 @@ class LLMAttentionAttribution(Attribution):
             method = self.attr_method
             if isinstance(method, GradientWeightedRollout):  # each position explains the token it writes
                 kwargs = {"target": ids.gather(1, position + 1), **kwargs}
+                if kwargs.get("contrast") is not None:  # the contrast token at the same place, (B, max n_out)
+                    contrast, _, _ = _pad(kwargs["contrast"], 0, "right")
+                    kwargs["contrast"] = contrast.gather(1, position - starts[:, None])
         # (B, max n_out, N)
         scores = method.attribute(ids, position=position, layer=layer, attention_mask=mask, **kwargs)
         return [
