@@ -8,7 +8,7 @@ import torch
 from captum.attr import GradientAttribution
 from torch import Tensor
 
-from captum_attnflow.attr._base import AttentionAttribution, with_internals_args
+from captum_attnflow.attr._base import AttentionAttribution, progress_bar, with_internals_args
 from captum_attnflow.functional.checks import as_mask, default_position, layer_indices, positions
 from captum_attnflow.functional.gradient_rollout import encoder_decoder_relevance, gradient_weighted_rollout
 from captum_attnflow.hf import output_scores, seq2seq_gradient_internals, target_scores
@@ -57,6 +57,9 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
     def multiplies_by_inputs(self) -> bool:
         return False
 
+    # Gradients are this method's own computation: on also inside the caller's torch.no_grad(), as
+    # in Captum's gradient methods.
+    @torch.enable_grad()
     @with_internals_args(_TARGET_DOC)
     def attribute(
         self,
@@ -66,6 +69,7 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         position: int | list[int] | Tensor | None = None,
         layer: int | None = -1,
         attention_mask: Tensor | None = None,
+        show_progress: bool | None = None,
     ) -> Tensor:
         """Gradient-weighted rollout of ``position`` after ``layer`` for the score ``target``.
 {args}
@@ -103,14 +107,17 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         count = sources.shape[1] if output_scores(internals.output).dim() == 3 else 1
         chunk = max(1, _GRADIENT_NUMBERS // sum(p.numel() for p in probabilities))
         rows = []
-        for start in range(0, count, chunk):
-            for explained, gradients in _gradients(scores, probabilities, start, min(count, start + chunk), count):
-                gradients = [_in_order(internals, g) for g in gradients]
-                rows.append(gradient_weighted_rollout(attentions, gradients, sources[:, explained], layer, mask))
+        with progress_bar(show_progress, inputs, "gradient-weighted rollout", "position", count) as bar:
+            for start in range(0, count, chunk):
+                for explained, gradients in _gradients(scores, probabilities, start, min(count, start + chunk), count):
+                    gradients = [_in_order(internals, g) for g in gradients]
+                    rows.append(gradient_weighted_rollout(attentions, gradients, sources[:, explained], layer, mask))
+                bar.update(min(count, start + chunk) - start)
         result = torch.cat(rows, -2)
         return (result if has_axis else result.squeeze(-2)).to(inputs.device)
 
 
+    @torch.enable_grad()
     def encoder_decoder_rows(
         self,
         input_ids: Tensor,
@@ -119,6 +126,7 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         layer: int | None = -1,
         attention_mask: Tensor | None = None,
         decoder_attention_mask: Tensor | None = None,
+        show_progress: bool | None = None,
     ) -> Tensor:
         """Relevance of every decoder position of an encoder-decoder (T5, BART, ...) with Chefer et
         al.'s co-attention rules (:func:`~captum_attnflow.functional.gradient_rollout.encoder_decoder_relevance`),
@@ -130,6 +138,7 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
                 before each predicted one); ``decoder_attention_mask`` (B, m) their padding.
             target: (B, m) the token each decoder position predicts.
             layer: the decoder layer (1..L_d, negative from the top), None for all.
+            show_progress: a tqdm bar over the decoder positions; None (default) shows one for long inputs.
 
         Returns:
             float32 (B, m, n_s + m), (L_d, B, m, n_s + m) for ``layer=None``: row t over the
@@ -144,19 +153,21 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         count = decoder_input_ids.shape[1]
         chunk = max(1, _GRADIENT_NUMBERS // sum(p.numel() for p in probabilities))
         rows = []
-        for start in range(0, count, chunk):
-            for position, gradients in _gradients(scores, probabilities, start, min(count, start + chunk), count):
-                pairs = {
-                    kind: (
-                        [p.detach() for p, k in zip(probabilities, kinds) if k == kind],
-                        [g for g, k in zip(gradients, kinds) if k == kind],
+        with progress_bar(show_progress, decoder_input_ids, "gradient-weighted rollout", "position", count) as bar:
+            for start in range(0, count, chunk):
+                for position, gradients in _gradients(scores, probabilities, start, min(count, start + chunk), count):
+                    pairs = {
+                        kind: (
+                            [p.detach() for p, k in zip(probabilities, kinds) if k == kind],
+                            [g for g, k in zip(gradients, kinds) if k == kind],
+                        )
+                        for kind in ("encoder", "decoder", "cross")
+                    }
+                    relevance = encoder_decoder_relevance(
+                        pairs["encoder"], pairs["decoder"], pairs["cross"], attention_mask, decoder_attention_mask
                     )
-                    for kind in ("encoder", "decoder", "cross")
-                }
-                relevance = encoder_decoder_relevance(
-                    pairs["encoder"], pairs["decoder"], pairs["cross"], attention_mask, decoder_attention_mask
-                )
-                rows.append(relevance[layers, :, position])
+                    rows.append(relevance[layers, :, position])
+                bar.update(min(count, start + chunk) - start)
         result = torch.cat(rows, -2)  # (layers, B, m, n_s + m)
         return result[0] if layer is not None else result
 

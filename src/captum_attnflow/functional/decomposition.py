@@ -133,7 +133,10 @@ def alti_contributions(
         distances = torch.cat([_distances(probabilities, projected, inputs, outputs, scale, rows)
                                for rows in _row_blocks(batch, n, size)], 1)
     contributions = (outputs.abs().sum(-1)[:, :, None] - distances).clamp(min=0)
-    return normalised_rows(contributions, attention_mask)
+    # Where no head attends (a causal or padding mask) T_i(x_j) is 0 and the difference above is
+    # rounding of two sums of |y_i|: exactly 0 there, so a causal model stays causal.
+    attended = probabilities.ne(0).any(1) | torch.eye(n, dtype=torch.bool, device=probabilities.device)
+    return normalised_rows(contributions * attended, attention_mask)
 
 
 def _distances(
