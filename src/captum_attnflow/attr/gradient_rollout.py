@@ -55,6 +55,7 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
 
     @property
     def multiplies_by_inputs(self) -> bool:
+        """False: the scores are not multiplied by the inputs (Captum's interface)."""
         return False
 
     # Gradients are this method's own computation: on also inside the caller's torch.no_grad(), as

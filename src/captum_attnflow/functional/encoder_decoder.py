@@ -139,8 +139,8 @@ def encoder_decoder_raw_attention(
     Args:
         encoder_attentions: as in :func:`encoder_decoder_rollout`; checked, used for the
             source padding only.
-        decoder_attentions, cross_attentions, layer, head_fusion, attention_mask,
-        decoder_attention_mask: as in :func:`encoder_decoder_rollout`.
+        decoder_attentions, cross_attentions, layer, head_fusion, attention_mask, decoder_attention_mask:
+            as in :func:`encoder_decoder_rollout`.
         residual_alpha: :math:`\\alpha`, default 1.0.
 
     Returns:
@@ -192,8 +192,8 @@ def encoder_decoder_flow(
     so values carry the same certificate.
 
     Args:
-        encoder_attentions, decoder_attentions, cross_attentions, layer, residual_alpha,
-        head_fusion, attention_mask, decoder_attention_mask: as in :func:`encoder_decoder_rollout`.
+        encoder_attentions, decoder_attentions, cross_attentions, layer, residual_alpha, head_fusion, attention_mask, decoder_attention_mask:
+            as in :func:`encoder_decoder_rollout`.
         sources: decoder positions to explain, an int or a sequence of S ints (negative count
             from m), the same for every example; None (default) for all m. A position on
             padding gets 0.
