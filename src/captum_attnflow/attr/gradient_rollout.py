@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 from captum.attr import GradientAttribution
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from captum_attnflow.attr._base import AttentionAttribution, progress_bar, with_internals_args
 from captum_attnflow.functional.checks import as_mask, default_position, layer_indices, positions
@@ -98,7 +99,6 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
     ) -> Tensor:
         """Gradient-weighted rollout of ``position`` after ``layer`` for the score ``target``.
 {args}
-
         Returns:
             Tensor: float32 {shapes} Padding gets 0.
 
@@ -113,8 +113,9 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         """
         inputs, args, attention_mask, _ = self._checked_inputs(inputs, additional_forward_args, attention_mask)
         with torch.enable_grad():  # as Captum's gradient methods, also inside torch.no_grad()
-            compute = self._streamed if self._lean_gradients() else self._stored
-            return compute(inputs, target, args, position, layer, attention_mask, show_progress)
+            if self._lean_gradients():
+                return self._streamed(inputs, target, args, position, layer, attention_mask, show_progress)
+            return self._stored(inputs, target, args, position, layer, attention_mask, show_progress)
 
     def _stored(
         self, inputs: Tensor, target: Any, args: tuple, position: Any, layer: int | None, attention_mask: Tensor | None,
@@ -137,12 +138,10 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         count = sources.shape[1] if output_scores(internals.output).dim() == 3 else 1
         chunk = max(1, _GRADIENT_NUMBERS // sum(p.numel() for p in probabilities))
         rows = []
-        with progress_bar(show_progress, inputs, "gradient-weighted rollout", "position", count) as bar:
-            for start in range(0, count, chunk):
-                for explained, gradients in _gradients(scores, probabilities, start, min(count, start + chunk), count):
-                    gradients = [_in_order(internals, g) for g in gradients]
-                    rows.append(gradient_weighted_rollout(attentions, gradients, sources[:, explained], layer, mask))
-                bar.update(min(count, start + chunk) - start)
+        for start in _progress(range(0, count, chunk), count * n * n * len(probabilities), show_progress):
+            for explained, gradients in _gradients(scores, probabilities, start, min(count, start + chunk), count):
+                gradients = [_in_order(internals, g) for g in gradients]
+                rows.append(gradient_weighted_rollout(attentions, gradients, sources[:, explained], layer, mask))
         result = torch.cat(rows, -2)
         return (result if has_axis else result.squeeze(-2)).to(inputs.device)
 
@@ -184,17 +183,15 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         count = sources.shape[1] if output_scores(capture.output).dim() == 3 else 1
         explained = [slice(k, k + 1) for k in range(count)] if count > 1 else [slice(None)]
         rows = []
-        with progress_bar(show_progress, inputs, "gradient-weighted rollout", "position", count) as bar:
-            for k, part in enumerate(explained):
-                gradients = capture.output_gradients(scores[:, part.start or 0].sum(), below, retain_graph=k < count - 1)
-                streams = [
-                    lambda needed, i=i: capture.weighted_blocks(i, gradients[i], needed) for i in below
-                ]
-                if layer is None:
-                    rows.append(streamed_relevance_maps_rows(streams, run_sources[:, part], run_mask))
-                else:
-                    rows.append(streamed_relevance_rows(streams, run_sources[:, part], run_mask))
-                bar.update()
+        for k, part in enumerate(_progress(explained, count * batch * n * n * len(below), show_progress)):
+            gradients = capture.output_gradients(scores[:, part.start or 0].sum(), below, retain_graph=k < count - 1)
+            streams = [
+                lambda needed, i=i: capture.weighted_blocks(i, gradients[i], needed) for i in below
+            ]
+            if layer is None:
+                rows.append(streamed_relevance_maps_rows(streams, run_sources[:, part], run_mask))
+            else:
+                rows.append(streamed_relevance_rows(streams, run_sources[:, part], run_mask))
         result = torch.cat(rows, -2)
         if capture.order is not None:  # columns from the run's token order back to the inputs'
             back = capture.order.to(device).argsort(dim=-1)
@@ -229,12 +226,12 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         """
         rows = self._streamed_encoder_decoder if self._lean_gradients() else self._stored_encoder_decoder
         count = decoder_input_ids.shape[1]
+        steps = []
         with torch.enable_grad(), progress_bar(show_progress, decoder_input_ids, "gradient-weighted rollout", "position", count) as bar:
-            positions_rows = []
-            for row in rows(input_ids, decoder_input_ids, target, attention_mask, decoder_attention_mask):
-                positions_rows.append(row)
+            for step in rows(input_ids, decoder_input_ids, target, attention_mask, decoder_attention_mask):
+                steps.append(step)
                 bar.update()
-            relevance = torch.stack(positions_rows, -2)  # (L_d, B, m, n_s + m)
+        relevance = torch.stack(steps, -2)  # (L_d, B, m, n_s + m)
         result = relevance[layer_indices(layer, relevance.shape[0])]
         return result[0] if layer is not None else result
 
@@ -292,6 +289,17 @@ def _token_scores(output: Any, target: Tensor) -> Tensor:
     """(B, m) the logit of ``target`` (B, m) at each decoder position."""
     logits = output_scores(output)
     return logits.gather(-1, target[..., None].to(logits.device)).squeeze(-1)
+
+
+def _progress(steps: Sequence[Any], numbers: int, show: bool | None) -> Iterable[Any]:
+    """``steps`` (backward passes) with a tqdm bar: shown when ``show``, or when None for more
+    than one step whose maps add up to more than about 1e8 numbers."""
+    if show is None:
+        show = len(steps) > 1 and numbers > _PROGRESS_NUMBERS
+    return tqdm(steps, desc="gradient-weighted rollout", unit="backward", disable=not show)
+
+
+_PROGRESS_NUMBERS = 10**8
 
 
 def _check_self_attention(shapes: Iterable[tuple[int, ...]]) -> None:
