@@ -9,7 +9,7 @@ from captum.attr import GradientAttribution
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from captum_attnflow.attr._base import AttentionAttribution, with_internals_args
+from captum_attnflow.attr._base import AttentionAttribution, progress_bar, with_internals_args
 from captum_attnflow.functional.checks import as_mask, default_position, layer_indices, positions
 from captum_attnflow.functional.gradient_rollout import (
     co_attention_relevance,
@@ -87,6 +87,7 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
 
     @property
     def multiplies_by_inputs(self) -> bool:
+        """False: the scores are not multiplied by the inputs (Captum's interface)."""
         return False
 
     @with_internals_args(_TARGET_DOC)
@@ -102,10 +103,7 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         show_progress: bool | None = None,
     ) -> Tensor:
         """Gradient-weighted rollout of ``position`` after ``layer`` for the score ``target``.
-{args}            show_progress (bool, optional): a tqdm bar over the backward passes (one per
-                explained position of a language model); None (default) shows it when they
-                are many and long.
-
+{args}
         Returns:
             Tensor: float32 {shapes} Padding gets 0.
 
@@ -213,6 +211,7 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         layer: int | None = -1,
         attention_mask: Tensor | None = None,
         decoder_attention_mask: Tensor | None = None,
+        show_progress: bool | None = None,
     ) -> Tensor:
         """Relevance of every decoder position of an encoder-decoder (T5, BART, ...) with Chefer et
         al.'s co-attention rules (:func:`~captum_attnflow.functional.gradient_rollout.encoder_decoder_relevance`),
@@ -224,16 +223,20 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
                 before each predicted one); ``decoder_attention_mask`` (B, m) their padding.
             target: (B, m) the token each decoder position predicts.
             layer: the decoder layer (1..L_d, negative from the top), None for all.
+            show_progress: a tqdm bar over the decoder positions; None (default) shows one for long inputs.
 
         Returns:
             float32 (B, m, n_s + m), (L_d, B, m, n_s + m) for ``layer=None``: row t over the
             source tokens, then over the decoder's input tokens; padding 0.
         """
         rows = self._streamed_encoder_decoder if self._lean_gradients() else self._stored_encoder_decoder
-        with torch.enable_grad():
-            relevance = torch.stack(
-                list(rows(input_ids, decoder_input_ids, target, attention_mask, decoder_attention_mask)), -2
-            )  # (L_d, B, m, n_s + m)
+        count = decoder_input_ids.shape[1]
+        steps = []
+        with torch.enable_grad(), progress_bar(show_progress, decoder_input_ids, "gradient-weighted rollout", "position", count) as bar:
+            for step in rows(input_ids, decoder_input_ids, target, attention_mask, decoder_attention_mask):
+                steps.append(step)
+                bar.update()
+        relevance = torch.stack(steps, -2)  # (L_d, B, m, n_s + m)
         result = relevance[layer_indices(layer, relevance.shape[0])]
         return result[0] if layer is not None else result
 

@@ -176,9 +176,11 @@ class LLMAttentionAttribution(Attribution):
                 why the model wrote ``"are"`` rather than ``"is"``. A string or token ids as
                 ``target`` (a list, one per prompt); as many tokens as a given target, and a
                 generated target is cut to its length. None (default): not contrastive.
-            **kwargs: passed to the method's ``attribute`` (``head_fusion``,
-                ``residual_alpha``, and for flow ``normalize``, ``show_progress``); for an
-                encoder-decoder ``head_fusion`` and ``residual_alpha`` (default: the method's).
+            **kwargs: passed to the method's ``attribute``: ``show_progress`` for every method,
+                ``head_fusion`` and ``residual_alpha`` for raw attention, rollout and flow,
+                ``normalize`` for flow; for an encoder-decoder ``show_progress`` (the joint graph's
+                raw attention and rollout take milliseconds and show none), and ``head_fusion``
+                and ``residual_alpha`` (default: the method's) for the joint graph.
 
         Returns:
             LLMAttentionAttributionResult: ``token_attr`` (n_out, n_in) as described above;
@@ -191,7 +193,8 @@ class LLMAttentionAttribution(Attribution):
             ValueError: an empty prompt (only special tokens), token ids outside the model's
                 vocabulary, a prompt (and target) longer than the model's positions, an empty
                 target.
-            TypeError: a target that is neither text, integer token ids nor None.
+            TypeError: a target that is neither text, integer token ids nor None; a keyword the
+                method does not take.
 
         Example::
 
@@ -394,6 +397,7 @@ class LLMAttentionAttribution(Attribution):
                 if kwargs.get("contrast") is not None:  # the contrast token at the same place, (B, max n_out)
                     contrast, _, _ = _pad(kwargs["contrast"], 0, "right")
                     kwargs["contrast"] = contrast.gather(1, position - starts[:, None])
+        _check_options(self.attr_method, kwargs)
         # (B, max n_out, N)
         scores = method.attribute(ids, position=position, layer=layer, attention_mask=mask, **kwargs)
         return [
@@ -411,11 +415,14 @@ class LLMAttentionAttribution(Attribution):
                 f"{type(self.attr_method).__name__} explains decoder-only models here; an encoder-decoder is explained "
                 "by RawAttention, AttentionRollout, AttentionFlow or GradientWeightedRollout."
             )
-        unknown = set(kwargs) - ({"head_fusion", "residual_alpha"} if not gradient else set())
+        options = {"show_progress"} | (set() if gradient else {"head_fusion", "residual_alpha"})
+        unknown = set(kwargs) - options
         if unknown:
             raise TypeError(
-                f"unexpected arguments {sorted(unknown)} for an encoder-decoder: it takes head_fusion and residual_alpha."
+                f"unexpected arguments {sorted(unknown)} for an encoder-decoder with {type(self.attr_method).__name__}: "
+                f"it takes {', '.join(sorted(options))}."
             )
+        show_progress = kwargs.pop("show_progress", None)
         start = self.model.config.decoder_start_token_id
         if start is None:
             raise ValueError(f"{type(self.model).__name__}.config.decoder_start_token_id is None; set it to run the decoder.")
@@ -425,9 +432,13 @@ class LLMAttentionAttribution(Attribution):
         decoder, decoder_mask, _ = _pad(decoder_inputs, pad, "right")
         if gradient:  # Chefer et al.'s co-attention rules, each position for the token it writes
             written, _, _ = _pad(outputs, pad, "right")
-            scores = self.attr_method.encoder_decoder_rows(source, decoder, written, layer, source_mask, decoder_mask)
+            scores = self.attr_method.encoder_decoder_rows(
+                source, decoder, written, layer, source_mask, decoder_mask, show_progress=show_progress
+            )
         else:
             options = {"residual_alpha": _default(self.attr_method, "residual_alpha"), **kwargs}
+            if isinstance(self.attr_method, AttentionFlow):  # the joint graph's products take no time to show
+                options["show_progress"] = show_progress
             maps = seq2seq_attentions(self.model, source, decoder, source_mask, decoder_mask)
             scores = _JOINT_GRAPH[type(self.attr_method)](
                 maps.encoder, maps.decoder, maps.cross, layer=layer,
@@ -490,6 +501,21 @@ def _pad_id(tokenizer: Any, model: nn.Module) -> int:
         if isinstance(value, int):
             return value
     return 0  # any id will do: padding is masked out
+
+
+# Set by the wrapper itself for each call.
+_WRAPPER_ARGUMENTS = ("inputs", "additional_forward_args", "position", "layer", "attention_mask")
+
+
+def _check_options(method: Attribution, kwargs: dict) -> None:
+    """Refuse keywords ``method.attribute`` does not take, or that the wrapper sets, naming those it takes."""
+    taken = [name for name in inspect.signature(type(method).attribute).parameters if name not in ("self", *_WRAPPER_ARGUMENTS)]
+    unknown = sorted(set(kwargs) - set(taken))
+    if unknown:
+        raise TypeError(
+            f"{type(method).__name__} through LLMAttentionAttribution takes no {', '.join(unknown)}: layer is the "
+            f"wrapper's own argument, positions and masks come from the prompt; it takes {', '.join(taken)}."
+        )
 
 
 def _default(method: Attribution, name: str) -> Any:

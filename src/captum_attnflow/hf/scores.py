@@ -40,6 +40,56 @@ def check_softmax_applies(scores: Tensor) -> None:
         )
 
 
+def target_indices(
+    target: Any, batch: int, device: Any = None, per_position: int | None = None, name: str = "target"
+) -> Tensor:
+    """``target`` as integer indices, checked the way Captum checks it: an int (or 0-d tensor)
+    is the same index for every example; a list or 1-D tensor gives one per example and must
+    have B entries; with ``per_position=S``, a (B, S) list or tensor gives one per example and
+    explained position.
+
+    Args:
+        target: the user's target (not None).
+        batch: B, the number of examples.
+        device: where the indices go.
+        per_position: S, the explained positions, when a (B, S) target is accepted; else None.
+        name: the argument's name in error messages (``"contrast"`` for a contrast).
+
+    Returns:
+        Tensor: integer indices of shape (), (B,) or (B, S), not yet checked against the range.
+
+    Raises:
+        TypeError: a target that is not integer indices (text, bools, floats, too many axes).
+        ValueError: a list or tensor with a length other than B (or a shape other than (B, S)).
+
+    Example::
+
+        >>> from captum_attnflow.hf.scores import target_indices
+        >>> target_indices([1, 0], batch=2).tolist()
+        [1, 0]
+        >>> target_indices([0], batch=2)
+        Traceback (most recent call last):
+        ...
+        ValueError: target has 1 entries for B = 2 examples: give one per example, or one int for all (target=0).
+    """
+    dims = 1 if per_position is None else 2
+    if isinstance(target, (str, bool)):
+        raise TypeError(f"{name} must be integer indices (an int, a list or a tensor), got {target!r}.")
+    indices = torch.as_tensor(target, device=device)
+    if indices.dtype.is_floating_point or indices.dtype.is_complex or indices.dtype == torch.bool or indices.dim() > dims:
+        shapes = "one, or one per example (B,)" + (", or per example and position (B, S)" if dims == 2 else "")
+        raise TypeError(f"{name} must be integer indices: {shapes}; got {target!r}.")
+    if indices.dim() == 1 and indices.numel() != batch:
+        example = f" ({name}={indices[0].item()})" if indices.numel() else ""
+        raise ValueError(
+            f"{name} has {indices.numel()} entries for B = {batch} examples: give one per example, "
+            f"or one int for all{example}."
+        )
+    if indices.dim() == 2 and tuple(indices.shape) != (batch, per_position):
+        raise ValueError(f"{name} as (B, S) must have shape ({batch}, {per_position}), got {tuple(indices.shape)}.")
+    return indices
+
+
 class ScoreForward:
     """``forward(inputs, attention_mask, *args) -> (B, C)`` for Captum, logits or probabilities.
 
@@ -86,7 +136,7 @@ class ScoreForward:
     def target(self, inputs: Tensor, extra_args: tuple, target: Any) -> Any:
         """Captum's ``target``, checked: None means each example's predicted class (argmax of
         the scores); an int, a list or a (B,) tensor of class indices must be in range."""
-        if isinstance(target, (str, bool)):
+        if isinstance(target, str):
             raise TypeError(
                 f"target must be a class index (int, list or (B,) tensor), got {target!r}; "
                 "map a label name with model.config.label2id[name]."
@@ -94,11 +144,7 @@ class ScoreForward:
         if target is None:
             with torch.no_grad():
                 return self(inputs, *extra_args).argmax(-1)
-        indices = torch.as_tensor(target)
-        if indices.dtype.is_floating_point or indices.dtype == torch.bool or indices.dim() > 1:
-            raise TypeError(f"target must be integer class indices, one or (B,), got {target!r}.")
-        if indices.dim() == 1 and indices.numel() not in (1, inputs.shape[0]):
-            raise ValueError(f"target must give one class per example (B = {inputs.shape[0]}) or one for all, got {indices.numel()}.")
+        indices = target_indices(target, inputs.shape[0])
         classes = self._num_classes(inputs, extra_args)
         if bool(((indices < 0) | (indices >= classes)).any()):
             raise ValueError(
@@ -257,15 +303,7 @@ def target_scores(output: Any, target: Any, positions: Tensor, contrast: Any = N
 def _indices(target: Any, scores: Tensor, kind: str, name: str) -> Tensor:
     """(B, S) checked indices into the last axis of (B, S, C) ``scores`` from one index, (B,) or (B, S)."""
     batch, count = scores.shape[:2]
-    if isinstance(target, (str, bool)):
-        raise TypeError(f"{name} must be integer indices (int, list or tensor), got {target!r}.")
-    indices = torch.as_tensor(target, device=scores.device)
-    if indices.dtype.is_floating_point or indices.dtype == torch.bool or indices.dim() > 2:
-        raise TypeError(f"{name} must be integer indices: one, (B,) or (B, S); got {target!r}.")
-    if indices.dim() == 1 and indices.numel() not in (1, batch):
-        raise ValueError(f"{name} must give one index per example (B = {batch}) or one for all, got {indices.numel()}.")
-    if indices.dim() == 2 and tuple(indices.shape) != (batch, count):
-        raise ValueError(f"{name} as (B, S) must have shape ({batch}, {count}), got {tuple(indices.shape)}.")
+    indices = target_indices(target, batch, scores.device, per_position=count, name=name)
     if bool(((indices < 0) | (indices >= scores.shape[-1])).any()):
         raise ValueError(
             f"{name} {indices.tolist()} is out of range: the model scores {scores.shape[-1]} "
