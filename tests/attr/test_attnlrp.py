@@ -167,6 +167,12 @@ def test_language_model_wrapper_explains_each_token_by_its_own_logit():
         single = method.attribute(ids, target=ids[0, n_in + t], position=n_in - 1 + t)
         torch.testing.assert_close(result.token_attr[t], single[0, :n_in])
         torch.testing.assert_close(result.output_attr[t, :t], single[0, n_in : n_in + t])
+    # The modified backward pass is linear in the explained score: a contrast is a difference.
+    are, is_ = tokenizer.convert_tokens_to_ids(["are", "is"])
+    why = LLMAttentionAttribution(method, tokenizer).attribute("the keys to the cabinet", target="are", contrast_target="is")
+    alone = method.attribute(ids, target=is_, position=n_in - 1)[0, :n_in]
+    torch.testing.assert_close(why.token_attr[0], result.token_attr[0] - alone)
+    assert int(ids[0, n_in]) == are
     batched = LLMAttentionAttribution(method, tokenizer).attribute(
         ["the keys to the cabinet", "the key"], target=["are .", "is"], padding_side="left"
     )

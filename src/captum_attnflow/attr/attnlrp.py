@@ -95,8 +95,9 @@ class AttnLRP(AttentionAttribution, GradientAttribution):
         position: int | list[int] | Tensor | None = None,
         layer: int | None = -1,
         attention_mask: Tensor | None = None,
+        contrast: Any = None,
     ) -> Tensor:
-        """AttnLRP relevance of every input token for the score ``target``.
+        """AttnLRP relevance of every input token for the score ``target`` (minus ``contrast``'s).
 {args}
         Returns:
             Tensor: (B, n), (B, S, n) for a list or (B, S) ``position``; float32 (float64 for a
@@ -126,7 +127,7 @@ class AttnLRP(AttentionAttribution, GradientAttribution):
         # classifier's score is the same for all.
         count = sources.shape[1] if output_scores(run.output).dim() == 3 else 1
         with torch.enable_grad():  # scores selected in the graph also under a caller's torch.no_grad()
-            scores = target_scores(run.output, target, run.run_positions(sources))  # (B, S)
+            scores = target_scores(run.output, target, run.run_positions(sources), contrast)  # (B, S)
             rows = [run.relevance(scores[:, s], retain_graph=s < count - 1) for s in range(count)]
         result = torch.stack(rows, 1).expand(batch, sources.shape[1], n) * mask[:, None]
         result = result.to(torch.promote_types(result.dtype, torch.float32))

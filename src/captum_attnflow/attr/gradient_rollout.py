@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 from captum.attr import GradientAttribution
 from torch import Tensor
+from tqdm.auto import tqdm
 
-from captum_attnflow.attr._base import AttentionAttribution, with_internals_args
+from captum_attnflow.attr._base import AttentionAttribution, progress_bar, with_internals_args
 from captum_attnflow.functional.checks import as_mask, default_position, layer_indices, positions
 from captum_attnflow.functional.gradient_rollout import (
     co_attention_relevance,
@@ -35,7 +36,11 @@ _TARGET_DOC = """
                 or (B,) tensor); for a language model's (B, n, V) logits the token whose logit
                 is explained at each explained position (its next-token prediction): one id,
                 (B,) or (B, S); for a forward function returning (B,) scores, None. None
-                (default): the predicted class, or the predicted token at each position."""
+                (default): the predicted class, or the predicted token at each position.
+            contrast (int, list or Tensor, optional): a contrastive explanation (Yin & Neubig,
+                EMNLP 2022): the explained score is the target's minus this index's,
+                :math:`y_t - y_c`, in the same forms as ``target``. None (default): the
+                target's score alone."""
 
 
 class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
@@ -82,6 +87,7 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
 
     @property
     def multiplies_by_inputs(self) -> bool:
+        """False: the scores are not multiplied by the inputs (Captum's interface)."""
         return False
 
     @with_internals_args(_TARGET_DOC)
@@ -93,10 +99,11 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         position: int | list[int] | Tensor | None = None,
         layer: int | None = -1,
         attention_mask: Tensor | None = None,
+        contrast: Any = None,
+        show_progress: bool | None = None,
     ) -> Tensor:
         """Gradient-weighted rollout of ``position`` after ``layer`` for the score ``target``.
 {args}
-
         Returns:
             Tensor: float32 {shapes} Padding gets 0.
 
@@ -112,11 +119,12 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         inputs, args, attention_mask, _ = self._checked_inputs(inputs, additional_forward_args, attention_mask)
         with torch.enable_grad():  # as Captum's gradient methods, also inside torch.no_grad()
             if self._lean_gradients():
-                return self._streamed(inputs, target, args, position, layer, attention_mask)
-            return self._stored(inputs, target, args, position, layer, attention_mask)
+                return self._streamed(inputs, target, args, position, layer, attention_mask, contrast, show_progress)
+            return self._stored(inputs, target, args, position, layer, attention_mask, contrast, show_progress)
 
     def _stored(
-        self, inputs: Tensor, target: Any, args: tuple, position: Any, layer: int | None, attention_mask: Tensor | None
+        self, inputs: Tensor, target: Any, args: tuple, position: Any, layer: int | None, attention_mask: Tensor | None,
+        contrast: Any, show_progress: bool | None,
     ) -> Tensor:
         """:meth:`attribute` from eager attention's stored probabilities and their gradients."""
         internals = capture_internals(self.forward_func, inputs, args, attention_mask, gradients=True)
@@ -128,14 +136,14 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
             causal = all(not bool(p.detach().triu(1).any()) for p in probabilities)
             position = default_position(mask, causal)
         sources, has_axis = positions(position, mask)
-        scores = target_scores(internals.output, target, internals.run_positions(sources))
+        scores = target_scores(internals.output, target, internals.run_positions(sources), contrast)
         attentions = [_in_order(internals, p.detach()) for p in probabilities]
         # A language model's positions each predict their own token: one gradient per position,
         # several at once (one batched backward per chunk); a classifier's score is one for all.
         count = sources.shape[1] if output_scores(internals.output).dim() == 3 else 1
         chunk = max(1, _GRADIENT_NUMBERS // sum(p.numel() for p in probabilities))
         rows = []
-        for start in range(0, count, chunk):
+        for start in _progress(range(0, count, chunk), count * n * n * len(probabilities), show_progress):
             for explained, gradients in _gradients(scores, probabilities, start, min(count, start + chunk), count):
                 gradients = [_in_order(internals, g) for g in gradients]
                 rows.append(gradient_weighted_rollout(attentions, gradients, sources[:, explained], layer, mask))
@@ -156,7 +164,8 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         return supported
 
     def _streamed(
-        self, inputs: Tensor, target: Any, args: tuple, position: Any, layer: int | None, attention_mask: Tensor | None
+        self, inputs: Tensor, target: Any, args: tuple, position: Any, layer: int | None, attention_mask: Tensor | None,
+        contrast: Any, show_progress: bool | None,
     ) -> Tensor:
         """:meth:`attribute` on the lean path: one backward pass per explained score, each layer's
         :math:`\\bar A_l` in row blocks from the queries, keys, values and output gradient."""
@@ -171,7 +180,7 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         sources, has_axis = positions(position, mask)
         run_sources = sources if capture.order is None else in_run_order(sources, capture.order.to(device))
         run_mask = as_mask(capture.mask, batch, n, device)
-        scores = target_scores(capture.output, target, run_sources)
+        scores = target_scores(capture.output, target, run_sources, contrast)
         layers = layer_indices(layer, len(calls))
         below = range(max(layers) + 1)  # the layers the explained ones are rolled out over
         # A language model's positions each predict their own token: one backward per position;
@@ -179,7 +188,7 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         count = sources.shape[1] if output_scores(capture.output).dim() == 3 else 1
         explained = [slice(k, k + 1) for k in range(count)] if count > 1 else [slice(None)]
         rows = []
-        for k, part in enumerate(explained):
+        for k, part in enumerate(_progress(explained, count * batch * n * n * len(below), show_progress)):
             gradients = capture.output_gradients(scores[:, part.start or 0].sum(), below, retain_graph=k < count - 1)
             streams = [
                 lambda needed, i=i: capture.weighted_blocks(i, gradients[i], needed) for i in below
@@ -202,6 +211,7 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         layer: int | None = -1,
         attention_mask: Tensor | None = None,
         decoder_attention_mask: Tensor | None = None,
+        show_progress: bool | None = None,
     ) -> Tensor:
         """Relevance of every decoder position of an encoder-decoder (T5, BART, ...) with Chefer et
         al.'s co-attention rules (:func:`~captum_attnflow.functional.gradient_rollout.encoder_decoder_relevance`),
@@ -213,16 +223,20 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
                 before each predicted one); ``decoder_attention_mask`` (B, m) their padding.
             target: (B, m) the token each decoder position predicts.
             layer: the decoder layer (1..L_d, negative from the top), None for all.
+            show_progress: a tqdm bar over the decoder positions; None (default) shows one for long inputs.
 
         Returns:
             float32 (B, m, n_s + m), (L_d, B, m, n_s + m) for ``layer=None``: row t over the
             source tokens, then over the decoder's input tokens; padding 0.
         """
         rows = self._streamed_encoder_decoder if self._lean_gradients() else self._stored_encoder_decoder
-        with torch.enable_grad():
-            relevance = torch.stack(
-                list(rows(input_ids, decoder_input_ids, target, attention_mask, decoder_attention_mask)), -2
-            )  # (L_d, B, m, n_s + m)
+        count = decoder_input_ids.shape[1]
+        steps = []
+        with torch.enable_grad(), progress_bar(show_progress, decoder_input_ids, "gradient-weighted rollout", "position", count) as bar:
+            for step in rows(input_ids, decoder_input_ids, target, attention_mask, decoder_attention_mask):
+                steps.append(step)
+                bar.update()
+        relevance = torch.stack(steps, -2)  # (L_d, B, m, n_s + m)
         result = relevance[layer_indices(layer, relevance.shape[0])]
         return result[0] if layer is not None else result
 
@@ -280,6 +294,17 @@ def _token_scores(output: Any, target: Tensor) -> Tensor:
     """(B, m) the logit of ``target`` (B, m) at each decoder position."""
     logits = output_scores(output)
     return logits.gather(-1, target[..., None].to(logits.device)).squeeze(-1)
+
+
+def _progress(steps: Sequence[Any], numbers: int, show: bool | None) -> Iterable[Any]:
+    """``steps`` (backward passes) with a tqdm bar: shown when ``show``, or when None for more
+    than one step whose maps add up to more than about 1e8 numbers."""
+    if show is None:
+        show = len(steps) > 1 and numbers > _PROGRESS_NUMBERS
+    return tqdm(steps, desc="gradient-weighted rollout", unit="backward", disable=not show)
+
+
+_PROGRESS_NUMBERS = 10**8
 
 
 def _check_self_attention(shapes: Iterable[tuple[int, ...]]) -> None:

@@ -42,7 +42,7 @@ from captum_attnflow.hf.state import implementation, unchanged, uses_substituted
 # Model types whose attention scores are q k^T s plus the mask transformers builds (tested
 # against the eager probabilities): those of the lean rollout, and the encoder-decoders whose
 # decoder and cross-attention follow the same form.
-GRADIENT_MODEL_TYPES = LEAN_MODEL_TYPES | {"bart", "mbart", "marian"}
+GRADIENT_MODEL_TYPES = LEAN_MODEL_TYPES | {"bart", "mbart", "marian", "captum_attnflow_tagger"}
 
 _NAME = "captum_attnflow_gradients"
 _REGISTERED = threading.Lock()
