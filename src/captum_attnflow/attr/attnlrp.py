@@ -84,6 +84,7 @@ class AttnLRP(AttentionAttribution, GradientAttribution):
 
     @property
     def multiplies_by_inputs(self) -> bool:
+        """True: the relevance is the token embeddings times their (modified) gradient (Captum's interface)."""
         return True
 
     @fill_docstring(args=_ARGS_DOC)
