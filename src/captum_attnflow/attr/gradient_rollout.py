@@ -7,7 +7,6 @@ from typing import Any, Iterable, Iterator, Sequence
 import torch
 from captum.attr import GradientAttribution
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from captum_attnflow.attr._base import AttentionAttribution, progress_bar, with_internals_args
 from captum_attnflow.functional.checks import as_mask, default_position, layer_indices, positions
@@ -143,10 +142,12 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         count = sources.shape[1] if output_scores(internals.output).dim() == 3 else 1
         chunk = max(1, _GRADIENT_NUMBERS // sum(p.numel() for p in probabilities))
         rows = []
-        for start in _progress(range(0, count, chunk), count * n * n * len(probabilities), show_progress):
-            for explained, gradients in _gradients(scores, probabilities, start, min(count, start + chunk), count):
-                gradients = [_in_order(internals, g) for g in gradients]
-                rows.append(gradient_weighted_rollout(attentions, gradients, sources[:, explained], layer, mask))
+        with progress_bar(show_progress, inputs, "gradient-weighted rollout", "backward", -(-count // chunk)) as bar:
+            for start in range(0, count, chunk):
+                for explained, gradients in _gradients(scores, probabilities, start, min(count, start + chunk), count):
+                    gradients = [_in_order(internals, g) for g in gradients]
+                    rows.append(gradient_weighted_rollout(attentions, gradients, sources[:, explained], layer, mask))
+                bar.update()
         result = torch.cat(rows, -2)
         return (result if has_axis else result.squeeze(-2)).to(inputs.device)
 
@@ -188,15 +189,17 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         count = sources.shape[1] if output_scores(capture.output).dim() == 3 else 1
         explained = [slice(k, k + 1) for k in range(count)] if count > 1 else [slice(None)]
         rows = []
-        for k, part in enumerate(_progress(explained, count * batch * n * n * len(below), show_progress)):
-            gradients = capture.output_gradients(scores[:, part.start or 0].sum(), below, retain_graph=k < count - 1)
-            streams = [
-                lambda needed, i=i: capture.weighted_blocks(i, gradients[i], needed) for i in below
-            ]
-            if layer is None:
-                rows.append(streamed_relevance_maps_rows(streams, run_sources[:, part], run_mask))
-            else:
-                rows.append(streamed_relevance_rows(streams, run_sources[:, part], run_mask))
+        with progress_bar(show_progress, inputs, "gradient-weighted rollout", "backward", count) as bar:
+            for k, part in enumerate(explained):
+                gradients = capture.output_gradients(scores[:, part.start or 0].sum(), below, retain_graph=k < count - 1)
+                streams = [
+                    lambda needed, i=i: capture.weighted_blocks(i, gradients[i], needed) for i in below
+                ]
+                if layer is None:
+                    rows.append(streamed_relevance_maps_rows(streams, run_sources[:, part], run_mask))
+                else:
+                    rows.append(streamed_relevance_rows(streams, run_sources[:, part], run_mask))
+                bar.update()
         result = torch.cat(rows, -2)
         if capture.order is not None:  # columns from the run's token order back to the inputs'
             back = capture.order.to(device).argsort(dim=-1)
@@ -294,17 +297,6 @@ def _token_scores(output: Any, target: Tensor) -> Tensor:
     """(B, m) the logit of ``target`` (B, m) at each decoder position."""
     logits = output_scores(output)
     return logits.gather(-1, target[..., None].to(logits.device)).squeeze(-1)
-
-
-def _progress(steps: Sequence[Any], numbers: int, show: bool | None) -> Iterable[Any]:
-    """``steps`` (backward passes) with a tqdm bar: shown when ``show``, or when None for more
-    than one step whose maps add up to more than about 1e8 numbers."""
-    if show is None:
-        show = len(steps) > 1 and numbers > _PROGRESS_NUMBERS
-    return tqdm(steps, desc="gradient-weighted rollout", unit="backward", disable=not show)
-
-
-_PROGRESS_NUMBERS = 10**8
 
 
 def _check_self_attention(shapes: Iterable[tuple[int, ...]]) -> None:
