@@ -66,9 +66,15 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         position: int | list[int] | Tensor | None = None,
         layer: int | None = -1,
         attention_mask: Tensor | None = None,
+        remove_identity: bool = False,
     ) -> Tensor:
         """Gradient-weighted rollout of ``position`` after ``layer`` for the score ``target``.
 {args}
+            remove_identity (bool, optional): return the row of :math:`R_l - I` instead of
+                :math:`R_l`: the explained position's own 1 from the identity removed, what the
+                authors' scripts read (``R[0, 1:]`` leaves out the [CLS] row's own entry) and
+                what a map shows best, since that 1 dwarfs every other score. Only the entry
+                at ``position`` itself changes, by exactly -1. Default False: the paper's R.
 
         Returns:
             Tensor: float32 {shapes} Padding gets 0.
@@ -108,6 +114,8 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
                 gradients = [_in_order(internals, g) for g in gradients]
                 rows.append(gradient_weighted_rollout(attentions, gradients, sources[:, explained], layer, mask))
         result = torch.cat(rows, -2)
+        if remove_identity:
+            result = _without_identity(result, sources)
         return (result if has_axis else result.squeeze(-2)).to(inputs.device)
 
 
@@ -179,6 +187,13 @@ def _gradients(
 # Gradients of this many numbers (all layers' probabilities, one copy per explained position)
 # are computed in one batched backward.
 _GRADIENT_NUMBERS = 2**27
+
+
+def _without_identity(rows: Tensor, sources: Tensor) -> Tensor:
+    """``rows`` (..., B, S, n) minus 1 at each row's own position ``sources`` (B, S): the row of R - I."""
+    identity = torch.zeros(rows.shape[-3:], dtype=rows.dtype, device=rows.device)
+    identity.scatter_(-1, sources.to(rows.device)[..., None], 1.0)
+    return rows - identity
 
 
 def _in_order(internals: Internals, layer: Tensor) -> Tensor:
