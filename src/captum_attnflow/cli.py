@@ -391,6 +391,7 @@ def _explain(args: argparse.Namespace) -> int:
     for name in methods:
         method = METHODS[name].build(model, tokenizer)
         target = {"target": predicted} if METHODS[name].class_specific else {}
+        target.update(METHODS[name].display)
         if METHODS[name].per_layer and args.head == "all":
             scores[name] = method.attribute(ids, layer=args.layer, head="all")[:, 0]  # (H, n)
             labels[name] = [f"L{args.layer} h{head}" for head in range(heads)]
@@ -422,7 +423,7 @@ def _figures(args: argparse.Namespace) -> int:
     for name in args.methods:
         entry = METHODS[name]
         method = entry.build(lambda _: attentions, tokenizer) if entry.from_attentions else entry.build(model, tokenizer)
-        target = {"target": predicted} if entry.class_specific else {}
+        target = {"target": predicted, **dict(entry.display)} if entry.class_specific else dict(entry.display)
         maps[name] = method.attribute(ids, position=list(range(len(tokens))), layer=None, **target)[:, 0]  # (L, n, n)
     quoted = f'"{args.sentence}": {prediction}'
     first = out / "figure1.png"
