@@ -28,8 +28,9 @@ Per-layer methods appear twice: at their last layer, and at their best layer for
 
 from __future__ import annotations
 
+import html
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -58,11 +59,14 @@ class BenchmarkResult:
             ``method L<k>`` (a per-layer method at its last layer) and ``method, best L<k>``.
         seconds: ``{task: {method: seconds per example}}``.
         examples: ``{task: count}``.
+        shown: ``{task: [ExplanationResult]}``, the first examples of each task as every method
+            scored them (per-layer methods at their last layer), for the report.
     """
 
     leaderboard: Leaderboard
     seconds: dict[str, dict[str, float]]
     examples: dict[str, int]
+    shown: dict = field(default_factory=dict)
 
     def to_markdown(self) -> str:
         """The leaderboard's tables, then the time per example of every method and task."""
@@ -76,19 +80,45 @@ class BenchmarkResult:
         return f"{self.leaderboard.to_markdown()}\n\nTime per example ({counts} examples):\n\n" + "\n".join(lines)
 
     def save(self, directory: str | Path) -> list[Path]:
-        """Write ``leaderboard.md``, ``leaderboard.csv`` and ``leaderboard.png`` into ``directory``."""
+        """Write into ``directory``: ``leaderboard.md`` (tables by rank), ``leaderboard.csv``,
+        ``leaderboard.json`` with ``leaderboard.safetensors`` (:meth:`Leaderboard.load` reads
+        them), ``leaderboard.png`` (forest plots of every metric, 4 a row),
+        ``leaderboard_<task>.png`` (one figure per task) and ``report.html`` (the figures and
+        the example explanations in one self-contained page)."""
+        from captum_attnflow.visualize_html import figure_html, page_html
+
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         paths = [directory / name for name in ("leaderboard.md", "leaderboard.csv", "leaderboard.png")]
         paths[0].write_text(self.to_markdown() + "\n")
         self.leaderboard.to_csv(paths[1])
-        self.leaderboard.plot().savefig(paths[2], dpi=120)
+        self.leaderboard.plot(kind="forest", columns=4, floor=FLOOR).savefig(paths[2], dpi=100)
+        paths += self.leaderboard.save(directory / "leaderboard.json")
+        blocks = []
+        for task, count in self.examples.items():
+            metrics = [metric for metric in self.leaderboard.metrics if metric.startswith(f"{task}: ")]
+            if not metrics:
+                continue
+            figure = self.leaderboard.plot(kind="forest", metrics=metrics, floor=FLOOR, title=f"{task} ({count} examples)")
+            paths.append(directory / f"leaderboard_{task}.png")
+            figure.savefig(paths[-1], dpi=100)
+            blocks.append(f"<h2>{task}</h2>" + figure_html(figure, f"{task}: methods by rank, best on top"))
+            blocks += [example.to_html() for example in self.shown.get(task, [])]
+        table = html.escape(self.to_markdown())
+        paths.append(directory / "report.html")
+        paths[-1].write_text(
+            page_html("captum_attnflow benchmark", blocks + [f"<h2>Tables</h2><pre>{table}</pre>"]), encoding="utf-8"
+        )
         return paths
 
 
-def _methods(model: nn.Module, tokenizer: Any, task: Task, names: Sequence[str], timing: dict[str, list[float]], seed: int) -> dict:
+def _methods(
+    model: nn.Module, tokenizer: Any, task: Task, names: Sequence[str], timing: dict[str, list[float]], seed: int,
+    first: dict | None = None,
+) -> dict:
     """``{name: callable(batch)}`` for the Evaluator, each adding its seconds and examples to
-    ``timing[name]`` (``[seconds, examples]``, over the batches it runs)."""
+    ``timing[name]`` (``[seconds, examples]``, over the batches it runs) and keeping its scores
+    of the first batch in ``first[name]`` (the last layer of a per-layer method)."""
     generator = torch.Generator().manual_seed(seed)
     methods = {}
     for name in names:
@@ -106,6 +136,9 @@ def _methods(model: nn.Module, tokenizer: Any, task: Task, names: Sequence[str],
             spent = timing.setdefault(name, [0.0, 0])
             spent[0] += time.perf_counter() - start
             spent[1] += batch["input_ids"].shape[0]
+            if first is not None and name not in first:
+                first[name] = (scores[-1] if scores.dim() == 3 else scores).detach().float().cpu()
+                first.setdefault("", batch)
             return scores
 
         methods[name] = call
@@ -183,12 +216,14 @@ def run_benchmark(
     times: dict[str, dict[str, float]] = {}
     counts: dict[str, int] = {}
     directions: dict[str, bool] = {}
+    shown: dict[str, list] = {}
     for name in tasks:
         task = TASKS[name]
         model, tokenizer, batches = task.load(examples, seed)
         timing: dict[str, list[float]] = {}
+        first: dict = {}
         evaluator = Evaluator(
-            model, _methods(model, tokenizer, task, names, timing, seed), {}, exclude_special_tokens=True,
+            model, _methods(model, tokenizer, task, names, timing, seed, first), {}, exclude_special_tokens=True,
             show_progress=show_progress, faithfulness=task.faithfulness, tokenizer=tokenizer,
         )
         checkpoint = None if checkpoint_dir is None else Path(checkpoint_dir) / f"{name}.npz"
@@ -197,9 +232,26 @@ def run_benchmark(
         measured = evaluator.run(batches, checkpoint=checkpoint)
         counts[name] = len(measured)
         times[name] = {method: seconds / rows for method, (seconds, rows) in timing.items()}
+        shown[name] = _shown(first, tokenizer, name)
         values.update(_entries(name, measured.metrics))
         directions.update({f"{name}: {metric}": higher_is_better(metric) for metric in task.faithfulness})
-    return BenchmarkResult(Leaderboard(values, higher_is_better=directions, n_resamples=n_resamples), times, counts)
+    return BenchmarkResult(Leaderboard(values, higher_is_better=directions, n_resamples=n_resamples), times, counts, shown)
+
+
+def _shown(first: dict, tokenizer: Any, task: str, count: int = 2) -> list:
+    """The first ``count`` examples of the first batch as every method scored them."""
+    from captum_attnflow.explanation import ExplanationResult
+
+    batch = first.pop("", None)
+    if batch is None or not first:  # resumed from a checkpoint past the first batch
+        return []
+    results = []
+    for row in range(min(count, batch["input_ids"].shape[0])):
+        real = batch["attention_mask"][row].bool().cpu()
+        tokens = tokenizer.convert_ids_to_tokens(batch["input_ids"][row].cpu()[real].tolist())
+        scores = {name: values[row][real] for name, values in first.items()}
+        results.append(ExplanationResult(tokens, scores, prediction=f"{task}, example {row + 1} (last layer of per-layer methods)"))
+    return results
 
 
 def _entries(task: str, metrics: dict[tuple, np.ndarray]) -> dict[tuple, np.ndarray]:

@@ -116,8 +116,8 @@ def draw_forest(axes: Any, ranking: Any, metric: str, floor: str | None = "rando
     axes.set_yticks(y, [name if math.isfinite(ranking.intervals[name].mean) else f"{name} (undefined)" for name in names], fontsize=8)
     axes.set_ylim(-0.5, len(names) - 0.5)
     arrow = "higher is better →" if ranking.higher_is_better else "← lower is better"
-    line = f"; dashed: {floor}" if floor is not None and floor in ranking.intervals else ""
-    axes.set_xlabel(f"mean, {confidence:.0%} CI ({arrow}){line}", fontsize=8)
+    line = f"; dashed line: {floor}" if floor is not None and floor in ranking.intervals else ""
+    axes.set_xlabel(f"{arrow}\nmean, {confidence:.0%} CI{line}", fontsize=8)
     axes.tick_params(axis="x", labelsize=8)
     axes.set_title(metric, fontsize=10)
     axes.grid(axis="x", color="#dddddd", linewidth=0.6, zorder=0)

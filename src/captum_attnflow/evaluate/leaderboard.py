@@ -184,6 +184,49 @@ class Leaderboard:
                     **row, "layer": "" if row["layer"] is None else row["layer"], "not_different": "; ".join(row["not_different"]),
                 })
 
+    def save(self, path: str | Path, compress: bool = False) -> list[Path]:
+        """Write the per-example values, directions and settings as JSON + safetensors (one
+        zip with ``compress=True``), see :mod:`captum_attnflow.saving`; the rankings are
+        computed again on load. Returns the files written.
+
+        Example::
+
+            >>> import tempfile
+            >>> board = Leaderboard({("raw", "sufficiency", 1): [0.2, 0.4, 0.3]}, n_resamples=99)
+            >>> with tempfile.TemporaryDirectory() as folder:
+            ...     loaded = Leaderboard.load(board.save(f"{folder}/board.json")[0])
+            >>> loaded == board
+            True
+        """
+        from captum_attnflow.saving import save_result
+
+        keys = list(self.values)
+        fields = dict(keys=keys, higher_is_better=self.higher_is_better, alpha=self.alpha, confidence=self.confidence,
+                      n_resamples=self.n_resamples, seed=self.seed)
+        return save_result(path, "Leaderboard", fields, {f"values/{i}": self.values[key] for i, key in enumerate(keys)}, compress)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Leaderboard":
+        """Read a leaderboard written by :meth:`save` (example there).
+
+        Raises:
+            ValueError: not such a file, or one of a newer format version.
+        """
+        from captum_attnflow.saving import load_result
+
+        fields, arrays = load_result(path, "Leaderboard")
+        values = {tuple(key): arrays[f"values/{i}"] for i, key in enumerate(fields["keys"])}
+        return cls(values, fields["higher_is_better"], fields["alpha"], fields["confidence"], fields["n_resamples"], fields["seed"])
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Leaderboard):
+            return NotImplemented
+        settings = (self.higher_is_better, self.alpha, self.confidence, self.n_resamples, self.seed)
+        return settings == (other.higher_is_better, other.alpha, other.confidence, other.n_resamples, other.seed) and (
+            list(self.values) == list(other.values)
+            and all(np.array_equal(self.values[key], other.values[key], equal_nan=True) for key in self.values)
+        )
+
     def plot(self, ax=None, kind: str | None = None, **kwargs):
         """Matplotlib figure, one panel per metric: forest plots (methods by rank, best on
         top, intervals as bars, see :func:`~captum_attnflow.visualize_forest.plot_forest`),
