@@ -159,6 +159,7 @@ def _section(section: Section) -> str:
             red, green, blue = colour(float(value), scale)
             ink = "#fff" if scale > 0 and abs(value) / scale > 0.6 else "#111"
             shown = html.escape(str(token))
+            value = float(value)
             number = f"{value:.4f}"
             cells.append(
                 f'<td class="caf-cell" style="background-color:rgb({red},{green},{blue});color:{ink}" '
