@@ -260,6 +260,8 @@ class Leaderboard:
             from captum_attnflow.visualize_forest import plot_forest
 
             return plot_forest(self, ax=ax, **kwargs)
+        if kwargs:
+            raise ValueError(f"{sorted(kwargs)} are options of the forest plot: pass kind='forest' with them.")
         from matplotlib.figure import Figure
 
         metrics = self.metrics
