@@ -2,17 +2,32 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 from captum.attr import GradientAttribution
 from torch import Tensor
+from tqdm.auto import tqdm
 
-from captum_attnflow.attr._base import AttentionAttribution, with_internals_args
+from captum_attnflow.attr._base import AttentionAttribution, progress_bar, with_internals_args
 from captum_attnflow.functional.checks import as_mask, default_position, layer_indices, positions
-from captum_attnflow.functional.gradient_rollout import encoder_decoder_relevance, gradient_weighted_rollout
+from captum_attnflow.functional.gradient_rollout import (
+    co_attention_relevance,
+    encoder_decoder_relevance,
+    gradient_weighted_rollout,
+    streamed_relevance_maps_rows,
+    streamed_relevance_rows,
+)
 from captum_attnflow.hf import output_scores, seq2seq_gradient_internals, target_scores
+from captum_attnflow.hf.attention_gradients import (
+    GRADIENT_MODEL_TYPES,
+    capture_attention_gradients,
+    supports_attention_gradients,
+)
+from captum_attnflow.hf.capture import in_run_order
 from captum_attnflow.hf.internals import Internals, capture_internals
+from captum_attnflow.hf.models import owning_module
+from captum_attnflow.hf.seq2seq import attention_kinds
 
 
 _TARGET_DOC = """
@@ -21,7 +36,11 @@ _TARGET_DOC = """
                 or (B,) tensor); for a language model's (B, n, V) logits the token whose logit
                 is explained at each explained position (its next-token prediction): one id,
                 (B,) or (B, S); for a forward function returning (B,) scores, None. None
-                (default): the predicted class, or the predicted token at each position."""
+                (default): the predicted class, or the predicted token at each position.
+            contrast (int, list or Tensor, optional): a contrastive explanation (Yin & Neubig,
+                EMNLP 2022): the explained score is the target's minus this index's,
+                :math:`y_t - y_c`, in the same forms as ``target``. None (default): the
+                target's score alone."""
 
 
 class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
@@ -39,22 +58,36 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
     The attribution of token j for ``position`` p after ``layer`` l is :math:`R_l[p, j]`, not
     normalised (as the paper defines it; the position's own entry includes the identity's 1).
     Unlike rollout and flow it is class-specific: ``target`` picks the score. The model runs
-    once forward and once backward, with its own eager attention (the probabilities the
-    gradient is taken of are the ones it multiplies with its values), on any model whose
-    attention goes through transformers' attention-function interface; its parameters'
-    ``.grad`` are not touched. The maths is :func:`captum_attnflow.functional.gradient_weighted_rollout`.
+    once forward and, per explained score, once backward (to the attention outputs only: no
+    parameter's gradient is computed and ``.grad`` is not touched), on any model whose attention
+    goes through transformers' attention-function interface. The maths is
+    :func:`captum_attnflow.functional.gradient_weighted_rollout`.
+
+    On the model types of :data:`~captum_attnflow.hf.attention_gradients.GRADIENT_MODEL_TYPES`
+    (``lean``, the default) the model keeps its own attention implementation (``sdpa``) and each
+    layer's :math:`\\bar A_l` is computed from what the backward pass has: the queries, keys and
+    values and the gradient :math:`\\nabla O` of the attention output, since
+    :math:`\\partial y_t / \\partial A_h = \\nabla O_h V_h^\\top` and :math:`A_h` is recomputed
+    from :math:`q k^\\top`, in blocks of rows
+    (:mod:`~captum_attnflow.hf.attention_gradients`): no (H, n, n) tensor is ever whole, and of
+    one explained layer the rows are rolled out top-down without any (n, n) matrix. Memory is
+    that of one backward pass. Other models (or ``lean=False``) run eager attention and keep
+    every layer's probabilities and their gradients, 2·L·H·n² numbers; both agree to 1e-5.
 
     Args:
         forward_func: a Hugging Face model (classifier, language model, vision transformer), or
             a module containing one that returns the score to explain. The model is left as it
             was: attention implementation, mode and hooks change only for the call.
+        lean: None (default): the lean path where the model allows it; False: eager attention
+            and stored probabilities; True: the lean path or a ValueError.
     """
 
-    def __init__(self, forward_func: Any) -> None:
-        AttentionAttribution.__init__(self, forward_func)
+    def __init__(self, forward_func: Any, lean: bool | None = None) -> None:
+        AttentionAttribution.__init__(self, forward_func, lean)
 
     @property
     def multiplies_by_inputs(self) -> bool:
+        """False: the scores are not multiplied by the inputs (Captum's interface)."""
         return False
 
     @with_internals_args(_TARGET_DOC)
@@ -66,6 +99,8 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         position: int | list[int] | Tensor | None = None,
         layer: int | None = -1,
         attention_mask: Tensor | None = None,
+        contrast: Any = None,
+        show_progress: bool | None = None,
         remove_identity: bool = False,
     ) -> Tensor:
         """Gradient-weighted rollout of ``position`` after ``layer`` for the score ``target``.
@@ -75,7 +110,6 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
                 authors' scripts read (``R[0, 1:]`` leaves out the [CLS] row's own entry) and
                 what a map shows best, since that 1 dwarfs every other score. Only the entry
                 at ``position`` itself changes, by exactly -1. Default False: the paper's R.
-
         Returns:
             Tensor: float32 {shapes} Padding gets 0.
 
@@ -89,35 +123,94 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
             torch.Size([1, 6])
         """
         inputs, args, attention_mask, _ = self._checked_inputs(inputs, additional_forward_args, attention_mask)
+        with torch.enable_grad():  # as Captum's gradient methods, also inside torch.no_grad()
+            compute = self._streamed if self._lean_gradients() else self._stored
+            result, sources, has_axis = compute(inputs, target, args, position, layer, attention_mask, contrast, show_progress)
+        if remove_identity:
+            result = _without_identity(result, sources)
+        return (result if has_axis else result.squeeze(-2)).to(inputs.device)
+
+    def _stored(
+        self, inputs: Tensor, target: Any, args: tuple, position: Any, layer: int | None, attention_mask: Tensor | None,
+        contrast: Any, show_progress: bool | None,
+    ) -> tuple[Tensor, Tensor, bool]:
+        """:meth:`attribute` from eager attention's stored probabilities and their gradients:
+        the rows (..., B, S, n), the explained positions (B, S) and whether S is the caller's axis."""
         internals = capture_internals(self.forward_func, inputs, args, attention_mask, gradients=True)
         probabilities = internals.probabilities
-        if any(p.shape[-1] != p.shape[-2] for p in probabilities):
-            raise ValueError(
-                "GradientWeightedRollout explains self-attention; this model also ran cross-attention "
-                "(an encoder-decoder): explain its encoder or decoder alone."
-            )
+        _check_self_attention(p.shape for p in probabilities)
         batch, _, n, _ = probabilities[0].shape
         mask = as_mask(attention_mask, batch, n, probabilities[0].device)
         if position is None:
             causal = all(not bool(p.detach().triu(1).any()) for p in probabilities)
             position = default_position(mask, causal)
         sources, has_axis = positions(position, mask)
-        scores = target_scores(internals.output, target, internals.run_positions(sources))
+        scores = target_scores(internals.output, target, internals.run_positions(sources), contrast)
         attentions = [_in_order(internals, p.detach()) for p in probabilities]
         # A language model's positions each predict their own token: one gradient per position,
         # several at once (one batched backward per chunk); a classifier's score is one for all.
         count = sources.shape[1] if output_scores(internals.output).dim() == 3 else 1
         chunk = max(1, _GRADIENT_NUMBERS // sum(p.numel() for p in probabilities))
         rows = []
-        for start in range(0, count, chunk):
+        for start in _progress(range(0, count, chunk), count * n * n * len(probabilities), show_progress):
             for explained, gradients in _gradients(scores, probabilities, start, min(count, start + chunk), count):
                 gradients = [_in_order(internals, g) for g in gradients]
                 rows.append(gradient_weighted_rollout(attentions, gradients, sources[:, explained], layer, mask))
         result = torch.cat(rows, -2)
-        if remove_identity:
-            result = _without_identity(result, sources)
-        return (result if has_axis else result.squeeze(-2)).to(inputs.device)
+        return result, sources, has_axis
 
+    def _lean_gradients(self) -> bool:
+        """Whether this call takes the lean path (:mod:`~captum_attnflow.hf.attention_gradients`)."""
+        if self.lean is False:
+            return False
+        module = owning_module(self.forward_func)
+        supported = module is not None and supports_attention_gradients(module)
+        if self.lean and not supported:
+            raise ValueError(
+                f"lean=True: {type(module).__name__} is not of a model type whose attention this method "
+                f"recomputes ({', '.join(sorted(GRADIENT_MODEL_TYPES))}); use lean=None or False."
+            )
+        return supported
+
+    def _streamed(
+        self, inputs: Tensor, target: Any, args: tuple, position: Any, layer: int | None, attention_mask: Tensor | None,
+        contrast: Any, show_progress: bool | None,
+    ) -> tuple[Tensor, Tensor, bool]:
+        """:meth:`attribute` on the lean path (returns as :meth:`_stored`): one backward pass per explained score, each layer's
+        :math:`\\bar A_l` in row blocks from the queries, keys, values and output gradient."""
+        capture = capture_attention_gradients(self.forward_func, inputs, args, attention_mask)
+        calls = capture.calls
+        _check_self_attention((c.query.shape[0], c.query.shape[1], c.query.shape[2], c.key.shape[2]) for c in calls)
+        batch, n = calls[0].query.shape[0], calls[0].query.shape[2]
+        device = calls[0].query.device
+        mask = as_mask(attention_mask, batch, n, device)
+        if position is None:
+            position = default_position(mask, capture.causal)
+        sources, has_axis = positions(position, mask)
+        run_sources = sources if capture.order is None else in_run_order(sources, capture.order.to(device))
+        run_mask = as_mask(capture.mask, batch, n, device)
+        scores = target_scores(capture.output, target, run_sources, contrast)
+        layers = layer_indices(layer, len(calls))
+        below = range(max(layers) + 1)  # the layers the explained ones are rolled out over
+        # A language model's positions each predict their own token: one backward per position;
+        # a classifier's score is one for all.
+        count = sources.shape[1] if output_scores(capture.output).dim() == 3 else 1
+        explained = [slice(k, k + 1) for k in range(count)] if count > 1 else [slice(None)]
+        rows = []
+        for k, part in enumerate(_progress(explained, count * batch * n * n * len(below), show_progress)):
+            gradients = capture.output_gradients(scores[:, part.start or 0].sum(), below, retain_graph=k < count - 1)
+            streams = [
+                lambda needed, i=i: capture.weighted_blocks(i, gradients[i], needed) for i in below
+            ]
+            if layer is None:
+                rows.append(streamed_relevance_maps_rows(streams, run_sources[:, part], run_mask))
+            else:
+                rows.append(streamed_relevance_rows(streams, run_sources[:, part], run_mask))
+        result = torch.cat(rows, -2)
+        if capture.order is not None:  # columns from the run's token order back to the inputs'
+            back = capture.order.to(device).argsort(dim=-1)
+            result = result.gather(-1, back[:, None, :].expand(result.shape))
+        return result, sources, has_axis
 
     def encoder_decoder_rows(
         self,
@@ -127,6 +220,7 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         layer: int | None = -1,
         attention_mask: Tensor | None = None,
         decoder_attention_mask: Tensor | None = None,
+        show_progress: bool | None = None,
     ) -> Tensor:
         """Relevance of every decoder position of an encoder-decoder (T5, BART, ...) with Chefer et
         al.'s co-attention rules (:func:`~captum_attnflow.functional.gradient_rollout.encoder_decoder_relevance`),
@@ -138,20 +232,58 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
                 before each predicted one); ``decoder_attention_mask`` (B, m) their padding.
             target: (B, m) the token each decoder position predicts.
             layer: the decoder layer (1..L_d, negative from the top), None for all.
+            show_progress: a tqdm bar over the decoder positions; None (default) shows one for long inputs.
 
         Returns:
             float32 (B, m, n_s + m), (L_d, B, m, n_s + m) for ``layer=None``: row t over the
             source tokens, then over the decoder's input tokens; padding 0.
         """
+        rows = self._streamed_encoder_decoder if self._lean_gradients() else self._stored_encoder_decoder
+        count = decoder_input_ids.shape[1]
+        steps = []
+        with torch.enable_grad(), progress_bar(show_progress, decoder_input_ids, "gradient-weighted rollout", "position", count) as bar:
+            for step in rows(input_ids, decoder_input_ids, target, attention_mask, decoder_attention_mask):
+                steps.append(step)
+                bar.update()
+        relevance = torch.stack(steps, -2)  # (L_d, B, m, n_s + m)
+        result = relevance[layer_indices(layer, relevance.shape[0])]
+        return result[0] if layer is not None else result
+
+    def _streamed_encoder_decoder(
+        self, input_ids: Tensor, decoder_input_ids: Tensor, target: Tensor, attention_mask: Tensor | None,
+        decoder_attention_mask: Tensor | None,
+    ) -> Iterator[Tensor]:
+        """Per decoder position t, (L_d, B, n_s + m) its relevance after each decoder layer, from
+        one backward pass and the :math:`\\bar A` of each attention call computed from its
+        queries, keys, values and output gradient (the lean path)."""
+        capture = capture_attention_gradients(
+            self.forward_func, input_ids, (attention_mask, decoder_input_ids, decoder_attention_mask)
+        )
+        kinds = attention_kinds(self.forward_func, [call.module for call in capture.calls])
+        scores = _token_scores(capture.output, target)
+        count = decoder_input_ids.shape[1]
+        for t in range(count):
+            gradients = capture.output_gradients(scores[:, t].sum(), range(len(kinds)), retain_graph=t < count - 1)
+            maps = {kind: [] for kind in ("encoder", "decoder", "cross")}
+            for index, kind in enumerate(kinds):
+                maps[kind].append(capture.weighted_layer(index, gradients[index]))
+            relevance = co_attention_relevance(
+                maps["encoder"], maps["decoder"], maps["cross"], attention_mask, decoder_attention_mask
+            )
+            yield relevance[:, :, t]
+
+    def _stored_encoder_decoder(
+        self, input_ids: Tensor, decoder_input_ids: Tensor, target: Tensor, attention_mask: Tensor | None,
+        decoder_attention_mask: Tensor | None,
+    ) -> Iterator[Tensor]:
+        """:meth:`_streamed_encoder_decoder` from eager attention's stored probabilities and their gradients."""
         internals, kinds = seq2seq_gradient_internals(
             self.forward_func, input_ids, decoder_input_ids, attention_mask, decoder_attention_mask
         )
         probabilities = internals.probabilities
-        scores = output_scores(internals.output).gather(-1, target[..., None].to(probabilities[0].device)).squeeze(-1)
-        layers = layer_indices(layer, kinds.count("cross"))
+        scores = _token_scores(internals.output, target)
         count = decoder_input_ids.shape[1]
         chunk = max(1, _GRADIENT_NUMBERS // sum(p.numel() for p in probabilities))
-        rows = []
         for start in range(0, count, chunk):
             for position, gradients in _gradients(scores, probabilities, start, min(count, start + chunk), count):
                 pairs = {
@@ -164,9 +296,33 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
                 relevance = encoder_decoder_relevance(
                     pairs["encoder"], pairs["decoder"], pairs["cross"], attention_mask, decoder_attention_mask
                 )
-                rows.append(relevance[layers, :, position])
-        result = torch.cat(rows, -2)  # (layers, B, m, n_s + m)
-        return result[0] if layer is not None else result
+                yield relevance[:, :, position].squeeze(2)
+
+
+def _token_scores(output: Any, target: Tensor) -> Tensor:
+    """(B, m) the logit of ``target`` (B, m) at each decoder position."""
+    logits = output_scores(output)
+    return logits.gather(-1, target[..., None].to(logits.device)).squeeze(-1)
+
+
+def _progress(steps: Sequence[Any], numbers: int, show: bool | None) -> Iterable[Any]:
+    """``steps`` (backward passes) with a tqdm bar: shown when ``show``, or when None for more
+    than one step whose maps add up to more than about 1e8 numbers."""
+    if show is None:
+        show = len(steps) > 1 and numbers > _PROGRESS_NUMBERS
+    return tqdm(steps, desc="gradient-weighted rollout", unit="backward", disable=not show)
+
+
+_PROGRESS_NUMBERS = 10**8
+
+
+def _check_self_attention(shapes: Iterable[tuple[int, ...]]) -> None:
+    """Refuse a model that ran cross-attention (per call (B, H, n_q, n_k) shapes)."""
+    if any(shape[-1] != shape[-2] for shape in shapes):
+        raise ValueError(
+            "GradientWeightedRollout explains self-attention; this model also ran cross-attention "
+            "(an encoder-decoder): explain its encoder or decoder alone, or use encoder_decoder_rows."
+        )
 
 
 def _gradients(
