@@ -1,16 +1,18 @@
 """GradientWeightedRollout(remove_identity=True): the row of R - I, i.e. R with exactly 1 taken
 off at each explained position's own entry and nothing else changed."""
 
+import pytest
 import torch
 
 from captum_attnflow import GradientWeightedRollout
 from tests.helpers import make_classifier, padded_batch
 
 
-def test_remove_identity_subtracts_one_at_each_explained_position_only():
+@pytest.mark.parametrize("lean", [True, False])  # both paths: recomputed in blocks, and stored maps
+def test_remove_identity_subtracts_one_at_each_explained_position_only(lean):
     model = make_classifier(seed=2, layers=2)
     ids, mask = padded_batch(seed=4, batch=3, n=6)
-    method = GradientWeightedRollout(model)
+    method = GradientWeightedRollout(model, lean=lean)
     cases = [dict(layer=-1), dict(layer=None), dict(layer=None, position=[0, 2]), dict(layer=2, position=torch.tensor([[1], [2], [4]]))]
     for kwargs in cases:
         full = method.attribute(ids, target=1, attention_mask=mask, **kwargs)
