@@ -607,7 +607,7 @@ def _generate(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens,
         receptive_field=args.receptive_field,
         drop_sink=args.drop_sink,
-        **({} if explainer.encoder_decoder else dict(METHODS[args.method].display)),
+        **({} if explainer.encoder_decoder else dict(METHODS[method].display)),
     )
     print(f"continuation: {tokenizer.convert_tokens_to_string(result.output_tokens).strip()}")
     if args.words:
