@@ -15,6 +15,7 @@ _EXPORTS = {
     "ALTI": "captum_attnflow.attr",
     "AttentionFlow": "captum_attnflow.attr",
     "AttentionNorm": "captum_attnflow.attr",
+    "AttnLRP": "captum_attnflow.attr",
     "ExplanationResult": "captum_attnflow.explanation",
     "aggregate_words": "captum_attnflow.words",
     "GradientWeightedRollout": "captum_attnflow.attr",
