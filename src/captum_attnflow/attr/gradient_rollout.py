@@ -91,13 +91,14 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
                 "(an encoder-decoder): explain its encoder or decoder alone."
             )
         batch, _, n, _ = probabilities[0].shape
-        mask = as_mask(attention_mask, batch, n, probabilities[0].device)
+        # The maths runs on the inputs' device, where the layers of a dispatched model come together.
+        mask = as_mask(attention_mask, batch, n, inputs.device)
         if position is None:
             causal = all(not bool(p.detach().triu(1).any()) for p in probabilities)
             position = default_position(mask, causal)
         sources, has_axis = positions(position, mask)
         scores = target_scores(internals.output, target, internals.run_positions(sources))
-        attentions = [_in_order(internals, p.detach()) for p in probabilities]
+        attentions = [_in_order(internals, p.detach().to(inputs.device)) for p in probabilities]
         # A language model's positions each predict their own token: one gradient per position,
         # several at once (one batched backward per chunk); a classifier's score is one for all.
         count = sources.shape[1] if output_scores(internals.output).dim() == 3 else 1
@@ -105,7 +106,7 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         rows = []
         for start in range(0, count, chunk):
             for explained, gradients in _gradients(scores, probabilities, start, min(count, start + chunk), count):
-                gradients = [_in_order(internals, g) for g in gradients]
+                gradients = [_in_order(internals, g.to(inputs.device)) for g in gradients]
                 rows.append(gradient_weighted_rollout(attentions, gradients, sources[:, explained], layer, mask))
         result = torch.cat(rows, -2)
         return (result if has_axis else result.squeeze(-2)).to(inputs.device)
@@ -139,7 +140,8 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
             self.forward_func, input_ids, decoder_input_ids, attention_mask, decoder_attention_mask
         )
         probabilities = internals.probabilities
-        scores = output_scores(internals.output).gather(-1, target[..., None].to(probabilities[0].device)).squeeze(-1)
+        scores = output_scores(internals.output)
+        scores = scores.gather(-1, target[..., None].to(scores.device)).squeeze(-1)
         layers = layer_indices(layer, kinds.count("cross"))
         count = decoder_input_ids.shape[1]
         chunk = max(1, _GRADIENT_NUMBERS // sum(p.numel() for p in probabilities))
@@ -148,8 +150,8 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
             for position, gradients in _gradients(scores, probabilities, start, min(count, start + chunk), count):
                 pairs = {
                     kind: (
-                        [p.detach() for p, k in zip(probabilities, kinds) if k == kind],
-                        [g for g, k in zip(gradients, kinds) if k == kind],
+                        [p.detach().to(input_ids.device) for p, k in zip(probabilities, kinds) if k == kind],
+                        [g.to(input_ids.device) for g, k in zip(gradients, kinds) if k == kind],
                     )
                     for kind in ("encoder", "decoder", "cross")
                 }
