@@ -59,6 +59,13 @@ def _weights(forward_func: Any, architecture: Architecture, block: nn.Module) ->
     norm = None if architecture.post_norm is None else architecture.post_norm(block)
     with onloaded(owning_module(forward_func), [projection] + ([] if norm is None else [norm])):
         weight, bias = projection_weight(projection)
+        if not weight.is_floating_point():
+            raise ValueError(
+                f"the attention's output projection of {type(block).__name__} holds {weight.dtype} weights (a quantized "
+                "model): ALTI, AttentionNorm and ValueZeroing multiply by them. Load the model unquantized (e.g. "
+                "dtype=torch.bfloat16, device_map='auto' to spread it), or use a method that needs only the attention "
+                "(RawAttention, AttentionRollout, AttentionFlow, GradientWeightedRollout)."
+            )
         return _Weights(weight, bias, None if norm is None else layer_norm_parameters(norm))
 
 
