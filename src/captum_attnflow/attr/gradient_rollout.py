@@ -2,17 +2,32 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 from captum.attr import GradientAttribution
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from captum_attnflow.attr._base import AttentionAttribution, with_internals_args
 from captum_attnflow.functional.checks import as_mask, default_position, layer_indices, positions
-from captum_attnflow.functional.gradient_rollout import encoder_decoder_relevance, gradient_weighted_rollout
+from captum_attnflow.functional.gradient_rollout import (
+    co_attention_relevance,
+    encoder_decoder_relevance,
+    gradient_weighted_rollout,
+    streamed_relevance_maps_rows,
+    streamed_relevance_rows,
+)
 from captum_attnflow.hf import output_scores, seq2seq_gradient_internals, target_scores
+from captum_attnflow.hf.attention_gradients import (
+    GRADIENT_MODEL_TYPES,
+    capture_attention_gradients,
+    supports_attention_gradients,
+)
+from captum_attnflow.hf.capture import in_run_order
 from captum_attnflow.hf.internals import Internals, capture_internals
+from captum_attnflow.hf.models import owning_module
+from captum_attnflow.hf.seq2seq import attention_kinds
 
 
 _TARGET_DOC = """
@@ -39,19 +54,32 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
     The attribution of token j for ``position`` p after ``layer`` l is :math:`R_l[p, j]`, not
     normalised (as the paper defines it; the position's own entry includes the identity's 1).
     Unlike rollout and flow it is class-specific: ``target`` picks the score. The model runs
-    once forward and once backward, with its own eager attention (the probabilities the
-    gradient is taken of are the ones it multiplies with its values), on any model whose
-    attention goes through transformers' attention-function interface; its parameters'
-    ``.grad`` are not touched. The maths is :func:`captum_attnflow.functional.gradient_weighted_rollout`.
+    once forward and, per explained score, once backward (to the attention outputs only: no
+    parameter's gradient is computed and ``.grad`` is not touched), on any model whose attention
+    goes through transformers' attention-function interface. The maths is
+    :func:`captum_attnflow.functional.gradient_weighted_rollout`.
+
+    On the model types of :data:`~captum_attnflow.hf.attention_gradients.GRADIENT_MODEL_TYPES`
+    (``lean``, the default) the model keeps its own attention implementation (``sdpa``) and each
+    layer's :math:`\\bar A_l` is computed from what the backward pass has: the queries, keys and
+    values and the gradient :math:`\\nabla O` of the attention output, since
+    :math:`\\partial y_t / \\partial A_h = \\nabla O_h V_h^\\top` and :math:`A_h` is recomputed
+    from :math:`q k^\\top`, in blocks of rows
+    (:mod:`~captum_attnflow.hf.attention_gradients`): no (H, n, n) tensor is ever whole, and of
+    one explained layer the rows are rolled out top-down without any (n, n) matrix. Memory is
+    that of one backward pass. Other models (or ``lean=False``) run eager attention and keep
+    every layer's probabilities and their gradients, 2·L·H·n² numbers; both agree to 1e-5.
 
     Args:
         forward_func: a Hugging Face model (classifier, language model, vision transformer), or
             a module containing one that returns the score to explain. The model is left as it
             was: attention implementation, mode and hooks change only for the call.
+        lean: None (default): the lean path where the model allows it; False: eager attention
+            and stored probabilities; True: the lean path or a ValueError.
     """
 
-    def __init__(self, forward_func: Any) -> None:
-        AttentionAttribution.__init__(self, forward_func)
+    def __init__(self, forward_func: Any, lean: bool | None = None) -> None:
+        AttentionAttribution.__init__(self, forward_func, lean)
 
     @property
     def multiplies_by_inputs(self) -> bool:
@@ -66,9 +94,12 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         position: int | list[int] | Tensor | None = None,
         layer: int | None = -1,
         attention_mask: Tensor | None = None,
+        show_progress: bool | None = None,
     ) -> Tensor:
         """Gradient-weighted rollout of ``position`` after ``layer`` for the score ``target``.
-{args}
+{args}            show_progress (bool, optional): a tqdm bar over the backward passes (one per
+                explained position of a language model); None (default) shows it when they
+                are many and long.
 
         Returns:
             Tensor: float32 {shapes} Padding gets 0.
@@ -83,13 +114,19 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
             torch.Size([1, 6])
         """
         inputs, args, attention_mask, _ = self._checked_inputs(inputs, additional_forward_args, attention_mask)
+        with torch.enable_grad():  # as Captum's gradient methods, also inside torch.no_grad()
+            if self._lean_gradients():
+                return self._streamed(inputs, target, args, position, layer, attention_mask, show_progress)
+            return self._stored(inputs, target, args, position, layer, attention_mask, show_progress)
+
+    def _stored(
+        self, inputs: Tensor, target: Any, args: tuple, position: Any, layer: int | None, attention_mask: Tensor | None,
+        show_progress: bool | None,
+    ) -> Tensor:
+        """:meth:`attribute` from eager attention's stored probabilities and their gradients."""
         internals = capture_internals(self.forward_func, inputs, args, attention_mask, gradients=True)
         probabilities = internals.probabilities
-        if any(p.shape[-1] != p.shape[-2] for p in probabilities):
-            raise ValueError(
-                "GradientWeightedRollout explains self-attention; this model also ran cross-attention "
-                "(an encoder-decoder): explain its encoder or decoder alone."
-            )
+        _check_self_attention(p.shape for p in probabilities)
         batch, _, n, _ = probabilities[0].shape
         # The maths runs on the inputs' device, where the layers of a dispatched model come together.
         mask = as_mask(attention_mask, batch, n, inputs.device)
@@ -104,13 +141,65 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         count = sources.shape[1] if output_scores(internals.output).dim() == 3 else 1
         chunk = max(1, _GRADIENT_NUMBERS // sum(p.numel() for p in probabilities))
         rows = []
-        for start in range(0, count, chunk):
+        for start in _progress(range(0, count, chunk), count * n * n * len(probabilities), show_progress):
             for explained, gradients in _gradients(scores, probabilities, start, min(count, start + chunk), count):
                 gradients = [_in_order(internals, g.to(inputs.device)) for g in gradients]
                 rows.append(gradient_weighted_rollout(attentions, gradients, sources[:, explained], layer, mask))
         result = torch.cat(rows, -2)
         return (result if has_axis else result.squeeze(-2)).to(inputs.device)
 
+    def _lean_gradients(self) -> bool:
+        """Whether this call takes the lean path (:mod:`~captum_attnflow.hf.attention_gradients`)."""
+        if self.lean is False:
+            return False
+        module = owning_module(self.forward_func)
+        supported = module is not None and supports_attention_gradients(module)
+        if self.lean and not supported:
+            raise ValueError(
+                f"lean=True: {type(module).__name__} is not of a model type whose attention this method "
+                f"recomputes ({', '.join(sorted(GRADIENT_MODEL_TYPES))}); use lean=None or False."
+            )
+        return supported
+
+    def _streamed(
+        self, inputs: Tensor, target: Any, args: tuple, position: Any, layer: int | None, attention_mask: Tensor | None,
+        show_progress: bool | None,
+    ) -> Tensor:
+        """:meth:`attribute` on the lean path: one backward pass per explained score, each layer's
+        :math:`\\bar A_l` in row blocks from the queries, keys, values and output gradient."""
+        capture = capture_attention_gradients(self.forward_func, inputs, args, attention_mask)
+        calls = capture.calls
+        _check_self_attention((c.query.shape[0], c.query.shape[1], c.query.shape[2], c.key.shape[2]) for c in calls)
+        batch, n = calls[0].query.shape[0], calls[0].query.shape[2]
+        device = inputs.device  # where the layers of a dispatched model come together
+        mask = as_mask(attention_mask, batch, n, device)
+        if position is None:
+            position = default_position(mask, capture.causal)
+        sources, has_axis = positions(position, mask)
+        run_sources = sources if capture.order is None else in_run_order(sources, capture.order.to(device))
+        run_mask = as_mask(capture.mask, batch, n, device)
+        scores = target_scores(capture.output, target, run_sources)
+        layers = layer_indices(layer, len(calls))
+        below = range(max(layers) + 1)  # the layers the explained ones are rolled out over
+        # A language model's positions each predict their own token: one backward per position;
+        # a classifier's score is one for all.
+        count = sources.shape[1] if output_scores(capture.output).dim() == 3 else 1
+        explained = [slice(k, k + 1) for k in range(count)] if count > 1 else [slice(None)]
+        rows = []
+        for k, part in enumerate(_progress(explained, count * batch * n * n * len(below), show_progress)):
+            gradients = capture.output_gradients(scores[:, part.start or 0].sum(), below, retain_graph=k < count - 1)
+            streams = [
+                lambda needed, i=i: capture.weighted_blocks(i, gradients[i], needed) for i in below
+            ]
+            if layer is None:
+                rows.append(streamed_relevance_maps_rows(streams, run_sources[:, part], run_mask))
+            else:
+                rows.append(streamed_relevance_rows(streams, run_sources[:, part], run_mask))
+        result = torch.cat(rows, -2)
+        if capture.order is not None:  # columns from the run's token order back to the inputs'
+            back = capture.order.to(device).argsort(dim=-1)
+            result = result.gather(-1, back[:, None, :].expand(result.shape))
+        return (result if has_axis else result.squeeze(-2)).to(inputs.device)
 
     def encoder_decoder_rows(
         self,
@@ -136,16 +225,49 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
             float32 (B, m, n_s + m), (L_d, B, m, n_s + m) for ``layer=None``: row t over the
             source tokens, then over the decoder's input tokens; padding 0.
         """
+        rows = self._streamed_encoder_decoder if self._lean_gradients() else self._stored_encoder_decoder
+        with torch.enable_grad():
+            relevance = torch.stack(
+                list(rows(input_ids, decoder_input_ids, target, attention_mask, decoder_attention_mask)), -2
+            )  # (L_d, B, m, n_s + m)
+        result = relevance[layer_indices(layer, relevance.shape[0])]
+        return result[0] if layer is not None else result
+
+    def _streamed_encoder_decoder(
+        self, input_ids: Tensor, decoder_input_ids: Tensor, target: Tensor, attention_mask: Tensor | None,
+        decoder_attention_mask: Tensor | None,
+    ) -> Iterator[Tensor]:
+        """Per decoder position t, (L_d, B, n_s + m) its relevance after each decoder layer, from
+        one backward pass and the :math:`\\bar A` of each attention call computed from its
+        queries, keys, values and output gradient (the lean path)."""
+        capture = capture_attention_gradients(
+            self.forward_func, input_ids, (attention_mask, decoder_input_ids, decoder_attention_mask)
+        )
+        kinds = attention_kinds(self.forward_func, [call.module for call in capture.calls])
+        scores = _token_scores(capture.output, target)
+        count = decoder_input_ids.shape[1]
+        for t in range(count):
+            gradients = capture.output_gradients(scores[:, t].sum(), range(len(kinds)), retain_graph=t < count - 1)
+            maps = {kind: [] for kind in ("encoder", "decoder", "cross")}
+            for index, kind in enumerate(kinds):
+                maps[kind].append(capture.weighted_layer(index, gradients[index]))
+            relevance = co_attention_relevance(
+                maps["encoder"], maps["decoder"], maps["cross"], attention_mask, decoder_attention_mask
+            )
+            yield relevance[:, :, t]
+
+    def _stored_encoder_decoder(
+        self, input_ids: Tensor, decoder_input_ids: Tensor, target: Tensor, attention_mask: Tensor | None,
+        decoder_attention_mask: Tensor | None,
+    ) -> Iterator[Tensor]:
+        """:meth:`_streamed_encoder_decoder` from eager attention's stored probabilities and their gradients."""
         internals, kinds = seq2seq_gradient_internals(
             self.forward_func, input_ids, decoder_input_ids, attention_mask, decoder_attention_mask
         )
         probabilities = internals.probabilities
-        scores = output_scores(internals.output)
-        scores = scores.gather(-1, target[..., None].to(scores.device)).squeeze(-1)
-        layers = layer_indices(layer, kinds.count("cross"))
+        scores = _token_scores(internals.output, target)
         count = decoder_input_ids.shape[1]
         chunk = max(1, _GRADIENT_NUMBERS // sum(p.numel() for p in probabilities))
-        rows = []
         for start in range(0, count, chunk):
             for position, gradients in _gradients(scores, probabilities, start, min(count, start + chunk), count):
                 pairs = {
@@ -158,9 +280,33 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
                 relevance = encoder_decoder_relevance(
                     pairs["encoder"], pairs["decoder"], pairs["cross"], attention_mask, decoder_attention_mask
                 )
-                rows.append(relevance[layers, :, position])
-        result = torch.cat(rows, -2)  # (layers, B, m, n_s + m)
-        return result[0] if layer is not None else result
+                yield relevance[:, :, position].squeeze(2)
+
+
+def _token_scores(output: Any, target: Tensor) -> Tensor:
+    """(B, m) the logit of ``target`` (B, m) at each decoder position."""
+    logits = output_scores(output)
+    return logits.gather(-1, target[..., None].to(logits.device)).squeeze(-1)
+
+
+def _progress(steps: Sequence[Any], numbers: int, show: bool | None) -> Iterable[Any]:
+    """``steps`` (backward passes) with a tqdm bar: shown when ``show``, or when None for more
+    than one step whose maps add up to more than about 1e8 numbers."""
+    if show is None:
+        show = len(steps) > 1 and numbers > _PROGRESS_NUMBERS
+    return tqdm(steps, desc="gradient-weighted rollout", unit="backward", disable=not show)
+
+
+_PROGRESS_NUMBERS = 10**8
+
+
+def _check_self_attention(shapes: Iterable[tuple[int, ...]]) -> None:
+    """Refuse a model that ran cross-attention (per call (B, H, n_q, n_k) shapes)."""
+    if any(shape[-1] != shape[-2] for shape in shapes):
+        raise ValueError(
+            "GradientWeightedRollout explains self-attention; this model also ran cross-attention "
+            "(an encoder-decoder): explain its encoder or decoder alone, or use encoder_decoder_rows."
+        )
 
 
 def _gradients(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable, Iterable, Sequence
+
 import torch
 from torch import Tensor
 
@@ -130,8 +132,21 @@ def encoder_decoder_relevance(
         >>> scores.shape  # (L_d, B, m, n_s + m)
         torch.Size([3, 1, 3, 8])
     """
-    encoder_layers, decoder_layers = _weighted(*encoder), _weighted(*decoder)
-    cross_layers = _weighted(*cross, square=False)
+    return co_attention_relevance(
+        _weighted(*encoder), _weighted(*decoder), _weighted(*cross, square=False), attention_mask, decoder_attention_mask
+    )
+
+
+def co_attention_relevance(
+    encoder_layers: list[Tensor],
+    decoder_layers: list[Tensor],
+    cross_layers: list[Tensor],
+    attention_mask: Tensor | None = None,
+    decoder_attention_mask: Tensor | None = None,
+) -> Tensor:
+    """:func:`encoder_decoder_relevance` from the head-averaged gradient-weighted maps
+    :math:`\\bar A` of each layer: (B, n_s, n_s) per encoder layer, (B, m, m) per decoder
+    self-attention, (B, m, n_s) per cross-attention. Returns (L_d, B, m, n_s + m)."""
     batch, n, _ = encoder_layers[0].shape
     m = decoder_layers[0].shape[-1]
     device = encoder_layers[0].device
@@ -148,6 +163,71 @@ def encoder_decoder_relevance(
         cross_weighted = cross_weighted * target[:, :, None] * source[:, None, :]
         mixed = mixed + _normalised(targets).transpose(1, 2) @ cross_weighted @ _normalised(sources)
         out.append(torch.cat([mixed, targets * target[:, :, None]], -1))
+    return torch.stack(out)
+
+
+BlockStream = Callable[[int], Iterable[tuple[int, int, Tensor]]]
+
+
+def streamed_relevance_rows(layers: Sequence[BlockStream], sources: Tensor, attention_mask: Tensor) -> Tensor:
+    """Rows ``sources`` (B, S) of :math:`R_l` (:func:`relevance_maps`) after the top layer of
+    ``layers``, without any (B, n, n) matrix: (B, S, n) float32.
+
+    The rows are walked top-down, :math:`r \\leftarrow r + r \\bar A_k` for k = l, ..., 1
+    (:math:`R_l = (I + \\bar A_l) \\cdots (I + \\bar A_1)`), each :math:`\\bar A_k` given as a
+    stream of row blocks: ``layers[k](rows)`` yields ``(start, stop, block)``, ``block``
+    (B, stop - start, w) the rows start..stop over the first w keys, for the first ``rows``
+    rows at least (the rows past the last non-zero entry of r are not needed).
+
+    Args:
+        layers: one block stream per layer, bottom first.
+        sources: (B, S) explained positions.
+        attention_mask: (B, n) bool, True on real tokens; padding rows and columns are 0.
+
+    Example::
+
+        >>> import torch
+        >>> from captum_attnflow.functional.gradient_rollout import relevance_maps, streamed_relevance_rows
+        >>> attentions, gradients = torch.softmax(torch.randn(2, 1, 3, 4, 4), -1), torch.randn(2, 1, 3, 4, 4)
+        >>> bars = [(g * a).clamp(min=0).mean(1) for a, g in zip(attentions, gradients)]
+        >>> layers = [lambda rows, bar=bar: [(0, 4, bar)] for bar in bars]
+        >>> rows = streamed_relevance_rows(layers, torch.tensor([[0, 2]]), torch.ones(1, 4, dtype=torch.bool))
+        >>> torch.allclose(rows, relevance_maps(attentions, gradients)[-1][:, [0, 2]])
+        True
+    """
+    batch, n = attention_mask.shape
+    mask = attention_mask.float()
+    rows = torch.zeros(batch, sources.shape[1], n, device=mask.device)
+    rows.scatter_(2, sources[..., None], 1.0)
+    for blocks in reversed(layers):
+        product = torch.zeros_like(rows)
+        needed = int(rows.abs().amax((0, 1)).nonzero().max()) + 1
+        for start, stop, block in blocks(needed):
+            if start >= needed:
+                break
+            width = block.shape[-1]
+            product[..., :width].baddbmm_(rows[..., start:stop] * mask[:, None, start:stop], block)
+        rows = rows + product * mask[:, None, :]
+    return rows * mask[:, None, :]
+
+
+def streamed_relevance_maps_rows(layers: Sequence[BlockStream], sources: Tensor, attention_mask: Tensor) -> Tensor:
+    """Rows ``sources`` (B, S) of :math:`R_l` after every layer l of ``layers`` (block streams as
+    in :func:`streamed_relevance_rows`): (L, B, S, n) float32. The relevance is built bottom-up,
+    :math:`R_l = R_{l-1} + \\bar A_l R_{l-1}` block by block, holding two (B, n, n) matrices."""
+    batch, n = attention_mask.shape
+    mask = attention_mask.float()
+    relevance = torch.eye(n, device=mask.device).expand(batch, n, n).clone()
+    picked = torch.arange(batch, device=mask.device)[:, None]
+    out = []
+    for blocks in layers:
+        updated = relevance.clone()
+        for start, stop, block in blocks(n):
+            width = block.shape[-1]
+            kept = block * (mask[:, start:stop, None] * mask[:, None, :width])
+            updated[:, start:stop].baddbmm_(kept, relevance[:, :width])
+        relevance = updated
+        out.append(relevance[picked, sources] * mask[:, None, :])
     return torch.stack(out)
 
 

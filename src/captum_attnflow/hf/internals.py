@@ -137,6 +137,27 @@ def capture_internals(
     Returns:
         Internals: one entry per attention call, in call order.
     """
+    module, call, order, _ = prepared_call(forward_func, inputs, additional_forward_args, attention_mask)
+    internals = Internals(order=order)
+    _register()
+    with unchanged(module), _recording(module, internals, blocks or []), implementation(module, _NAME):
+        with torch.set_grad_enabled(gradients):
+            internals.output = call()
+    if not internals.probabilities:
+        raise ValueError(
+            f"{type(module).__name__} ran no attention through transformers' attention-function interface; "
+            "this method needs a model that does (BERT, GPT-2, Llama, ViT, T5, ... in transformers 5)."
+        )
+    return internals
+
+
+def prepared_call(
+    forward_func: Callable[..., Any], inputs: Tensor, additional_forward_args: Any, attention_mask: Tensor | None
+) -> tuple[nn.Module, Callable[[], Any], Tensor | None, Tensor | None]:
+    """``(module, call, order, mask)``: the module that ``forward_func`` runs, the call that runs
+    it on the inputs as :func:`capture_internals` describes, that run's token order
+    (``order[b, k]`` the original position of the k-th token, None when no token moves) and its
+    (B, n) attention mask in that order."""
     module = owning_module(forward_func)
     if module is None:
         raise TypeError(
@@ -145,25 +166,16 @@ def capture_internals(
         )
     check_device(module, inputs)
     args = as_tuple(additional_forward_args)
-    internals = Internals()
-    kwargs: dict[str, Any] = {}
+    order = None
     if isinstance(forward_func, PreTrainedModel):
         check_mask_not_in_args(forward_func, args, attention_mask)
         if attention_mask is not None:
             attention_mask = torch.as_tensor(attention_mask).to(inputs.device)
-        inputs, args, kwargs, internals.order = real_tokens_first_call(inputs, args, attention_mask)
+        inputs, args, kwargs, order = real_tokens_first_call(inputs, args, attention_mask)
     else:
         kwargs = mask_keyword(forward_func, args, attention_mask)
-    _register()
-    with unchanged(module), _recording(module, internals, blocks or []), implementation(module, _NAME):
-        with torch.set_grad_enabled(gradients):
-            internals.output = forward_func(inputs, *args, **kwargs)
-    if not internals.probabilities:
-        raise ValueError(
-            f"{type(module).__name__} ran no attention through transformers' attention-function interface; "
-            "this method needs a model that does (BERT, GPT-2, Llama, ViT, T5, ... in transformers 5)."
-        )
-    return internals
+    run_mask = attention_mask if order is None else kwargs["attention_mask"]
+    return module, lambda: forward_func(inputs, *args, **kwargs), order, run_mask
 
 
 @contextlib.contextmanager

@@ -105,14 +105,7 @@ class LeanCapture:
     @property
     def causal(self) -> bool:
         """Whether every layer attended causally: no query may see a later key."""
-        for query, _, mask, _, causal in self.layers:
-            if mask is None and not causal and query.shape[2] > 1:
-                return False
-            if mask is not None:
-                allowed = mask if mask.dtype == torch.bool else mask == 0  # additive masks: 0 where allowed
-                if bool(allowed.triu(1).any()):
-                    return False
-        return True
+        return all(attends_causally(query.shape[2], mask, causal) for query, _, mask, _, causal in self.layers)
 
     def fused_layer(self, index: int, rows: Tensor | None = None, out: Tensor | None = None) -> Tensor:
         """Head-fused attention probabilities float32 of layer ``index``: (B, n, n), or (B, S, n)
@@ -137,6 +130,15 @@ class LeanCapture:
             scratch = torch.empty(_scratch_size(query, key), dtype=torch.float32, device=query.device)
             self._scratch.buffer = scratch
         return fused_blocks(query, key, mask, scaling, causal, self.head_fusion, scratch, out)
+
+
+def attends_causally(queries: int, mask: Tensor | None, causal: bool) -> bool:
+    """Whether an attention call of ``queries`` rows with transformers' ``mask`` (bool, True =
+    attend, or additive; None: ``causal`` says) lets no query see a later key."""
+    if mask is None:
+        return causal or queries == 1
+    allowed = mask if mask.dtype == torch.bool else mask == 0  # additive masks: 0 where allowed
+    return not bool(allowed.triu(1).any())
 
 
 _CAPTURES: "weakref.WeakKeyDictionary[nn.Module, LeanCapture]" = weakref.WeakKeyDictionary()
@@ -194,6 +196,8 @@ def fused_blocks(
     head_fusion: str,
     scratch: Tensor | None = None,
     out: Tensor | None = None,
+    gradient: tuple[Tensor, Tensor] | None = None,
+    rows: int | None = None,
 ) -> Iterator[tuple[int, int, Tensor]]:
     """Head-fused attention probabilities from queries (B, H, n, d) and keys (B, H_kv, n, d), by blocks of rows.
 
@@ -208,9 +212,19 @@ def fused_blocks(
     see only the keys up to ``stop``). It is ``out[:, start:stop, :w]`` when ``out`` (B, n, n)
     is given, else a view of ``scratch`` valid until the next block. ``scratch``: float32
     buffer of at least :func:`_scratch_size` numbers (allocated if None).
+
+    ``gradient``: ``(grad_output, value)``, the gradient (B, H, n, d) of a score with respect to
+    the attention's output and the values (B, H_kv, n_k, d) it mixed. Each head's probabilities
+    are then weighted by their gradient before fusion, :math:`(P_h \\odot \\nabla P_h)^+` with
+    :math:`\\nabla P_h = \\nabla O_h V_h^\\top` (the output is :math:`O_h = P_h V_h`), the
+    gradient-weighted maps of Chefer et al. (ICCV 2021, equation 5) without any (B, H, n, n)
+    tensor: the gradient of a block is computed beside its probabilities. ``rows``: stop after
+    the block holding that many leading rows (all rows if None).
     """
     batch, heads, n, _ = query.shape
     keys = _keys(key, heads)
+    if gradient is not None:
+        grad_output, values = gradient[0], _keys(gradient[1], heads)  # values (B, H, d, n_k)
     # Buffers of about _BLOCK_BYTES, reused by every block: fresh (B, H, rows, n) tensors per
     # block cost a page fault per page, as much as the softmax itself at n = 4096.
     keys_seen_causally = causal and mask is None
@@ -219,7 +233,7 @@ def fused_blocks(
         scratch = torch.empty(_scratch_size(query, key), dtype=torch.float32, device=query.device)
     size = batch * heads * per_head
     start = 0
-    while start < n:
+    while start < (n if rows is None else min(n, rows)):
         if keys_seen_causally:
             # Causal attention without a mask: rows start..stop see keys up to ``stop`` only, so
             # the later keys are neither multiplied nor normalised (half the work over the whole
@@ -245,7 +259,8 @@ def fused_blocks(
             block = out[:, start:stop, :width]
         else:
             block = scratch[2 * size : 2 * size + numbers // heads].view(batch, stop - start, width)
-        yield start, stop, _softmax_fused(scores, allowed, head_fusion, block, probabilities)
+        weight = None if gradient is None else (grad_output[:, :, start:stop].float(), values[..., :width])
+        yield start, stop, _softmax_fused(scores, allowed, head_fusion, block, probabilities, weight)
         start = stop
 
 
@@ -270,10 +285,17 @@ def _scratch_size(query: Tensor, key: Tensor) -> int:
 
 
 def _softmax_fused(
-    scores: Tensor, allowed: Tensor | None, head_fusion: str, out: Tensor, probabilities: Tensor | None = None
+    scores: Tensor,
+    allowed: Tensor | None,
+    head_fusion: str,
+    out: Tensor,
+    probabilities: Tensor | None = None,
+    weight: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
     """``out`` (B, R, k) = the heads of softmax(``scores`` (B, H, R, k) masked by ``allowed``) fused;
-    ``scores`` is overwritten, ``probabilities`` (its shape) is scratch space if given."""
+    ``scores`` is overwritten, ``probabilities`` (its shape) is scratch space if given. ``weight``:
+    two factors (B, H, R, d) and (B, H, d, k) whose product weights the probabilities, negative
+    products clipped to 0, before fusion."""
     if allowed is not None:
         if allowed.dtype == torch.bool:
             scores.masked_fill_(~allowed, float("-inf"))
@@ -285,6 +307,8 @@ def _softmax_fused(
         torch.ops.aten._softmax.out(scores, -1, False, out=probabilities)
     if allowed is not None:
         probabilities.nan_to_num_(0.0)  # a padding query with no allowed key: 0
+    if weight is not None:  # the scores are spent: their buffer takes the weights
+        probabilities.mul_(torch.matmul(*weight, out=scores)).clamp_(min=0.0)
     return fuse_heads(probabilities, head_fusion, out=out)
 
 

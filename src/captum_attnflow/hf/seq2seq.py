@@ -133,15 +133,20 @@ def seq2seq_gradient_internals(
     internals = capture_internals(
         model, input_ids, (attention_mask, decoder_input_ids, decoder_attention_mask), gradients=True
     )
+    return internals, attention_kinds(model, internals.modules)
+
+
+def attention_kinds(model: nn.Module, modules: list[nn.Module]) -> list[str]:
+    """The kind of each attention module of an encoder-decoder ``model``: ``"encoder"``,
+    ``"decoder"`` (self-attention) or ``"cross"``."""
     encoder = {id(module) for module in model.get_encoder().modules()}
     names = {id(module): name.lower() for name, module in model.named_modules()}
-    kinds = [
+    return [
         "encoder" if id(module) in encoder
         else "cross" if any(part in names[id(module)] for part in _CROSS_NAMES)
         else "decoder"
-        for module in internals.modules
+        for module in modules
     ]
-    return internals, kinds
 
 
 # How transformers names a decoder's cross-attention modules (T5: EncDecAttention; BART, Marian,

@@ -1,0 +1,216 @@
+"""Gradient-weighted attention maps in the memory of one backward pass.
+
+The gradient-weighted methods need, per attention layer, :math:`(A \\odot \\partial y / \\partial A)^+`
+averaged over heads. Asking autograd for :math:`\\partial y / \\partial A` means running eager
+attention and keeping every layer's (B, H, n, n) probabilities and their gradients: 2·L·H·n²
+numbers, 68 GB at Llama-8B geometry and n = 4096 in bfloat16. Here the model instead runs with
+the attention implementation it was loaded with (``sdpa``) through a function registered with
+transformers' attention-function interface, which keeps what that step has anyway: its queries,
+keys and values (after rotary embeddings) and its output. Per explained score,
+
+1. one backward pass gives :math:`\\nabla O_l`, the gradient of the score with respect to each
+   layer's attention output (B, n, H, d): no parameter gradient is computed;
+2. the output is :math:`O_h = A_h V_h`, so :math:`\\partial y / \\partial A_h = \\nabla O_h V_h^\\top`,
+   and :math:`A_h = \\operatorname{softmax}(q_h k_h^\\top s + M)` is recomputed with the layer's
+   own mask and scaling; both in blocks of rows, fused over heads per block
+   (:func:`~captum_attnflow.hf.lean.fused_blocks`), so no layer's (H, n, n) tensor is ever whole.
+
+It applies to the model types whose attention scores are exactly :math:`q k^\\top s + M`
+(:data:`GRADIENT_MODEL_TYPES`); others run eager attention and keep their probabilities
+(:func:`~captum_attnflow.hf.internals.capture_internals`).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator
+
+import torch
+from torch import Tensor, nn
+from transformers import AttentionInterface, PreTrainedModel
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from captum_attnflow.hf.internals import prepared_call
+from captum_attnflow.hf.lean import LEAN_MODEL_TYPES, _scratch_size, attends_causally, fused_blocks
+from captum_attnflow.hf.models import hf_models
+from captum_attnflow.hf.state import implementation, unchanged, uses_substituted_attention
+
+# Model types whose attention scores are q k^T s plus the mask transformers builds (tested
+# against the eager probabilities): those of the lean rollout, and the encoder-decoders whose
+# decoder and cross-attention follow the same form.
+GRADIENT_MODEL_TYPES = LEAN_MODEL_TYPES | {"bart", "mbart", "marian", "captum_attnflow_tagger"}
+
+_NAME = "captum_attnflow_gradients"
+_REGISTERED = threading.Lock()
+_CAPTURES: "weakref.WeakKeyDictionary[nn.Module, AttentionGradients]" = weakref.WeakKeyDictionary()
+
+
+def supports_attention_gradients(model: nn.Module) -> bool:
+    """Whether :func:`capture_attention_gradients` applies: every Hugging Face model inside
+    ``model`` is of a type in :data:`GRADIENT_MODEL_TYPES` and computes its own attention."""
+    models = hf_models(model)
+    return (
+        bool(models)
+        and all(getattr(m.config, "model_type", None) in GRADIENT_MODEL_TYPES for m in models)
+        and not uses_substituted_attention(model)
+    )
+
+
+@dataclass
+class AttentionCall:
+    """What one attention call kept: queries (B, H, n_q, d), keys and values (B, H_kv, n_k, d)
+    (detached: the tensors the call was given), the mask transformers built for it (bool, True
+    = attend, or None for plain causal or no masking), the scaling, whether it was causal
+    without a mask, its output (B, n_q, H, d) in the autograd graph, and its module."""
+
+    query: Tensor
+    key: Tensor
+    value: Tensor
+    mask: Tensor | None
+    scaling: float
+    causal: bool
+    output: Tensor
+    module: nn.Module
+
+
+@dataclass
+class AttentionGradients:
+    """One forward pass of a model, with each attention call's :class:`AttentionCall`.
+
+    Attributes:
+        calls: per attention call, in call order.
+        output: what the model returned (in the autograd graph).
+        order: (B, n) the run's token order when a left-padded batch ran with its real tokens
+            first (``order[b, k]`` = original position of the k-th token of the run), else None.
+        mask: (B, n) the run's attention mask in run order, or None.
+        device: where :meth:`weighted_blocks` and :meth:`weighted_layer` deliver their maps (the
+            inputs' device), each computed on the device its call ran on (layers of a model
+            dispatched over several devices); None: that device.
+    """
+
+    calls: list[AttentionCall] = field(default_factory=list)
+    output: Any = None
+    order: Tensor | None = None
+    mask: Tensor | None = None
+    device: torch.device | None = None
+    _scratch: Tensor | None = None
+
+    def output_gradients(self, score: Tensor, calls: Iterable[int], retain_graph: bool = True) -> dict[int, Tensor]:
+        """:math:`\\nabla O_l`: the gradient of ``score`` (a scalar, e.g. a sum of per-example
+        scores) with respect to the output of each call in ``calls``, ``{index: (B, H, n_q, d)}``;
+        zeros for a call the score does not depend on. One backward pass, which computes no
+        parameter's gradient and touches no ``.grad``."""
+        indices = list(calls)
+        outputs = [self.calls[i].output for i in indices]
+        gradients = torch.autograd.grad(score, outputs, retain_graph=retain_graph, allow_unused=True)
+        return {
+            i: (torch.zeros_like(o) if g is None else g).transpose(1, 2)
+            for i, o, g in zip(indices, outputs, gradients)
+        }
+
+    @property
+    def causal(self) -> bool:
+        """Whether every call attended causally: no query may see a later key."""
+        return all(attends_causally(c.query.shape[2], c.mask, c.causal) for c in self.calls)
+
+    def weighted_blocks(self, index: int, grad_output: Tensor, rows: int | None = None) -> Iterator[tuple[int, int, Tensor]]:
+        """:math:`\\bar A = \\mathbb{E}_h[(A_h \\odot \\nabla O_h V_h^\\top)^+]` of call ``index``
+        by blocks of query rows, ``(start, stop, block)`` with ``block`` (B, stop - start, w)
+        over the first w keys (the later ones 0), valid until the next block; the first ``rows``
+        rows at least (all if None)."""
+        call = self.calls[index]
+        size = _scratch_size(call.query, call.key)
+        if self._scratch is None or self._scratch.numel() < size or self._scratch.device != call.query.device:
+            self._scratch = torch.empty(size, dtype=torch.float32, device=call.query.device)
+        blocks = fused_blocks(
+            call.query, call.key, call.mask, call.scaling, call.causal, "mean", self._scratch,
+            gradient=(grad_output.to(call.query.device), call.value), rows=rows,
+        )
+        if self.device is None or self.device == call.query.device:
+            return blocks
+        return ((start, stop, block.to(self.device)) for start, stop, block in blocks)
+
+    def weighted_layer(self, index: int, grad_output: Tensor) -> Tensor:
+        """:math:`\\bar A` of call ``index`` whole: (B, n_q, n_k) float32."""
+        call = self.calls[index]
+        out = torch.zeros(call.query.shape[0], call.query.shape[2], call.key.shape[2], device=call.query.device)
+        for start, stop, block in self.weighted_blocks(index, grad_output):
+            out[:, start:stop, : block.shape[-1]] = block.to(out.device)
+        return out if self.device is None else out.to(self.device)
+
+
+def _gradient_attention(
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[Tensor, None]:
+    capture, function = _CAPTURES[module]
+    if not query.requires_grad:
+        # Frozen parameters: the graph from the attention to the output must still exist.
+        query = query.detach().requires_grad_()
+    output = function(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)[0]
+    causal = attention_mask is None and query.shape[2] > 1 and kwargs.get("is_causal", getattr(module, "is_causal", True))
+    scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+    mask = None if attention_mask is None else attention_mask.detach()
+    capture.calls.append(
+        AttentionCall(query.detach(), key.detach(), value.detach(), mask, scale, bool(causal), output, module)
+    )
+    return output, None
+
+
+def _register() -> None:
+    with _REGISTERED:
+        if _NAME not in ALL_ATTENTION_FUNCTIONS:
+            AttentionInterface.register(_NAME, _gradient_attention)
+            AttentionMaskInterface.register(_NAME, sdpa_mask)  # the masks sdpa gets: bool, or None to skip
+
+
+def capture_attention_gradients(
+    forward_func: Callable[..., Any],
+    inputs: Tensor,
+    additional_forward_args: Any = None,
+    attention_mask: Tensor | None = None,
+) -> AttentionGradients:
+    """Run ``forward_func`` once with autograd on, keeping each attention call's queries, keys,
+    values, mask and output (:class:`AttentionGradients`).
+
+    Called as :func:`~captum_attnflow.hf.internals.capture_internals` calls it (a left-padded
+    batch of a Hugging Face model runs with its real tokens first). Each attention layer
+    computes its output with the model's own implementation (``sdpa`` as loaded; eager models
+    with sdpa, equal up to rounding), so the forward costs what the model's forward costs and
+    keeps only what its backward keeps anyway. The model is left as it was (attention
+    implementation, mode, hooks), also when the call raises; calls on one model from several
+    threads run one at a time.
+    """
+    module, call, order, mask = prepared_call(forward_func, inputs, additional_forward_args, attention_mask)
+    capture = AttentionGradients(order=order, mask=mask, device=inputs.device)
+    _register()
+    with unchanged(module):
+        functions = {
+            id(m): ALL_ATTENTION_FUNCTIONS.get(m.config._attn_implementation, sdpa_attention_forward)
+            for m in hf_models(module)
+        }
+        for model in hf_models(module):  # parents first: an inner model's own implementation wins
+            for submodule in model.modules():
+                _CAPTURES[submodule] = (capture, functions[id(model)])
+        try:
+            with implementation(module, _NAME), torch.enable_grad():
+                capture.output = call()
+        finally:
+            for submodule in list(module.modules()):
+                _CAPTURES.pop(submodule, None)
+    if not capture.calls:
+        raise ValueError(
+            f"{type(module).__name__} ran no attention through transformers' attention-function interface; "
+            "this method needs a model that does (BERT, GPT-2, Llama, ViT, BART, ... in transformers 5)."
+        )
+    return capture
