@@ -27,11 +27,6 @@ def _offloading_hooks(module: nn.Module) -> list[Any]:
     return [hook for hook in accelerate_hooks(module) if getattr(hook, "offload", False) and hasattr(hook, "weights_map")]
 
 
-def is_dispatched(module: nn.Module) -> bool:
-    """Whether accelerate's hooks move ``module``'s inputs or weights (a ``device_map`` or ``cpu_offload``)."""
-    return any(accelerate_hooks(m) for m in module.modules())
-
-
 @contextlib.contextmanager
 def onloaded(model: nn.Module, modules: Iterable[nn.Module]) -> Iterator[None]:
     """Context manager: inside the block the parameters of ``modules`` (inside ``model``) and of
