@@ -28,8 +28,10 @@ Per-layer methods appear twice: at their last layer, and at their best layer for
 
 from __future__ import annotations
 
+import hashlib
+import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -58,11 +60,14 @@ class BenchmarkResult:
             ``method L<k>`` (a per-layer method at its last layer) and ``method, best L<k>``.
         seconds: ``{task: {method: seconds per example}}``.
         examples: ``{task: count}``.
+        notes: what the reader should know about the data (e.g. texts truncated to the
+            model's positions), printed under the tables.
     """
 
     leaderboard: Leaderboard
     seconds: dict[str, dict[str, float]]
     examples: dict[str, int]
+    notes: list[str] = field(default_factory=list)
 
     def to_markdown(self) -> str:
         """The leaderboard's tables, then the time per example of every method and task."""
@@ -73,7 +78,8 @@ class BenchmarkResult:
             cells = [f"{self.seconds[task][name]:.4f}" if name in self.seconds[task] else "" for task in self.seconds]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
         counts = ", ".join(f"{task} {count}" for task, count in self.examples.items())
-        return f"{self.leaderboard.to_markdown()}\n\nTime per example ({counts} examples):\n\n" + "\n".join(lines)
+        notes = "".join(f"\n\nNote: {note}" for note in self.notes)
+        return f"{self.leaderboard.to_markdown()}\n\nTime per example ({counts} examples):\n\n" + "\n".join(lines) + notes
 
     def save(self, directory: str | Path) -> list[Path]:
         """Write ``leaderboard.md``, ``leaderboard.csv`` and ``leaderboard.png`` into ``directory``."""
@@ -89,7 +95,6 @@ class BenchmarkResult:
 def _methods(model: nn.Module, tokenizer: Any, task: Task, names: Sequence[str], timing: dict[str, list[float]], seed: int) -> dict:
     """``{name: callable(batch)}`` for the Evaluator, each adding its seconds and examples to
     ``timing[name]`` (``[seconds, examples]``, over the batches it runs)."""
-    generator = torch.Generator().manual_seed(seed)
     methods = {}
     for name in names:
         entry = None if name == FLOOR else method_entry(name)
@@ -100,7 +105,7 @@ def _methods(model: nn.Module, tokenizer: Any, task: Task, names: Sequence[str],
         def call(batch: dict, method: Any = method, entry: Any = entry, name: str = name) -> Tensor:
             start = time.perf_counter()
             if entry is None:
-                scores = torch.rand(batch["input_ids"].shape, generator=generator) * batch["attention_mask"]
+                scores = _random_scores(batch, seed)
             else:
                 scores = _attribute(method, entry, task, batch)
             spent = timing.setdefault(name, [0.0, 0])
@@ -110,6 +115,15 @@ def _methods(model: nn.Module, tokenizer: Any, task: Task, names: Sequence[str],
 
         methods[name] = call
     return methods
+
+
+def _random_scores(batch: dict, seed: int) -> Tensor:
+    """The floor: uniform scores drawn from ``seed`` and the batch's tokens, so that a batch gets
+    the same ones whichever process of ``accelerate launch`` runs it, and in whatever order."""
+    ids = batch["input_ids"]
+    digest = hashlib.sha256(ids.detach().cpu().numpy().tobytes()).digest()
+    generator = torch.Generator().manual_seed(seed ^ int.from_bytes(digest[:7], "little"))
+    return torch.rand(ids.shape, generator=generator).to(ids.device) * batch["attention_mask"]
 
 
 def _attribute(method: Any, entry: Any, task: Task, batch: dict) -> Tensor:
@@ -138,29 +152,57 @@ def _attribute(method: Any, entry: Any, task: Task, batch: dict) -> Tensor:
 def run_benchmark(
     tasks: Sequence[str] = tuple(TASKS),
     methods: Sequence[str] | None = None,
-    examples: int = 64,
+    examples: int | None = None,
     seed: int = 0,
     n_resamples: int = 2000,
     show_progress: bool = True,
     checkpoint_dir: str | Path | None = None,
+    *,
+    model: nn.Module | None = None,
+    tokenizer: Any = None,
+    dataset: Any = None,
+    columns: Any = None,
+    batch_size: int = 32,
+    deletion: str = "remove",
+    name: str = "data",
 ) -> BenchmarkResult:
-    """Run every method on every task and rank them by faithfulness (see the module docstring).
+    """Run every method on every task and rank them by faithfulness (see the module docstring),
+    or on your own model and data (``model``, ``tokenizer``, ``dataset``; see
+    :mod:`captum_attnflow.benchmark_user`).
 
     Args:
         tasks: names of :data:`~captum_attnflow.benchmark_tasks.TASKS`.
         methods: names of :data:`~captum_attnflow.methods.METHODS` and
-            :data:`~captum_attnflow.methods.EXTRA_METHODS`, and ``"random"``; default all of them.
-        examples: held-out examples per task (the similarity task has 64 pairs, the chunking
-            task counts words).
+            :data:`~captum_attnflow.methods.EXTRA_METHODS`, and ``"random"``; default all of them
+            (those that apply to ``model``).
+        examples: held-out examples per task, default 64 (the similarity task has 64 pairs, the
+            chunking task counts words); rows of ``dataset`` drawn with ``seed``, default all.
         seed: seed of the examples and of the random scores.
         n_resamples: bootstrap resamples of each interval.
         show_progress: tqdm bars over the batches.
         checkpoint_dir: a folder for one Evaluator checkpoint per task
             (``<task>.npz``): an interrupted run started again with the same arguments
-            resumes where it stopped; the times then cover the examples run since.
+            resumes where it stopped, also under ``accelerate launch`` (each process re-runs
+            only its unfinished batches); the times then cover the examples run since.
+        model: a Hugging Face ``*ForSequenceClassification`` or ``*ForCausalLM`` model to
+            benchmark on ``dataset`` instead of the tasks.
+        tokenizer: its tokenizer.
+        dataset: a ``datasets.Dataset`` (e.g. ``benchmark_user_data.load_data(path)``).
+        columns: a :class:`~captum_attnflow.benchmark_user_data.Columns` naming the text
+            (``"text"``), pair, label, prompt (``"prompt"``), target and contrast columns.
+        batch_size: rows per batch of ``dataset``.
+        deletion: how the faithfulness metrics delete tokens of ``dataset``: ``"remove"``
+            (default, out of the attention mask) or a replacement token, ``"mask"``,
+            ``"unk"``, ``"pad"``.
+        name: the task name of ``dataset`` in the tables (and its checkpoint, ``<name>.npz``).
 
     Returns:
         BenchmarkResult: the leaderboard and the timings.
+
+    Raises:
+        ValueError: before the model runs: unknown names, a missing column, an empty dataset,
+            labels outside the classifier's classes, a model no method explains (the message
+            lists what would run).
 
     Example::
 
@@ -171,7 +213,28 @@ def run_benchmark(
         ['random', 'rollout']
         >>> "agreement: subject-first" in result.leaderboard.metrics
         True
+
+        Your own classifier and rows:
+
+        >>> import datasets
+        >>> from captum_attnflow import load_agreement_model
+        >>> model, tokenizer = load_agreement_model()
+        >>> rows = datasets.Dataset.from_dict({"text": ["the keys to the cabinet", "the key near the cabinets"]})
+        >>> mine = run_benchmark(model=model, tokenizer=tokenizer, dataset=rows, methods=["rollout", "random"],
+        ...                      n_resamples=99, show_progress=False)
+        >>> mine.examples, "data: sufficiency" in mine.leaderboard.metrics
+        ({'data': 2}, True)
     """
+    if dataset is not None or model is not None:
+        from captum_attnflow.benchmark_user import run_user_benchmark
+
+        if model is None or tokenizer is None or dataset is None:
+            raise ValueError("benchmarking your own model needs model=, tokenizer= and dataset= (a datasets.Dataset).")
+        return run_user_benchmark(
+            model, tokenizer, dataset, columns, methods, examples, seed, batch_size, deletion, name,
+            n_resamples=n_resamples, show_progress=show_progress, checkpoint_dir=checkpoint_dir,
+        )
+    examples = 64 if examples is None else examples
     known = (*METHODS, *EXTRA_METHODS, FLOOR)
     names = known if methods is None else tuple(methods)
     unknown = [name for name in names if name not in known] + [task for task in tasks if task not in TASKS]
@@ -185,21 +248,48 @@ def run_benchmark(
     directions: dict[str, bool] = {}
     for name in tasks:
         task = TASKS[name]
-        model, tokenizer, batches = task.load(examples, seed)
-        timing: dict[str, list[float]] = {}
-        evaluator = Evaluator(
-            model, _methods(model, tokenizer, task, names, timing, seed), {}, exclude_special_tokens=True,
-            show_progress=show_progress, faithfulness=task.faithfulness, tokenizer=tokenizer,
-        )
-        checkpoint = None if checkpoint_dir is None else Path(checkpoint_dir) / f"{name}.npz"
-        if checkpoint is not None:
-            checkpoint.parent.mkdir(parents=True, exist_ok=True)
-        measured = evaluator.run(batches, checkpoint=checkpoint)
-        counts[name] = len(measured)
-        times[name] = {method: seconds / rows for method, (seconds, rows) in timing.items()}
-        values.update(_entries(name, measured.metrics))
-        directions.update({f"{name}: {metric}": higher_is_better(metric) for metric in task.faithfulness})
+        run_task(task, task.load(examples, seed), names, seed, show_progress, checkpoint_dir, (values, times, counts, directions))
     return BenchmarkResult(Leaderboard(values, higher_is_better=directions, n_resamples=n_resamples), times, counts)
+
+
+def run_task(
+    task: Task, loaded: tuple, names: Sequence[str], seed: int, show_progress: bool,
+    checkpoint_dir: str | Path | None, into: tuple[dict, dict, dict, dict],
+) -> None:
+    """Run ``names`` on one task's ``(model, tokenizer, batches)`` and add its leaderboard
+    entries, seconds per example, example count and metric directions to ``into``. Under
+    ``accelerate launch`` each process runs its share of the batches (the Evaluator shards
+    them) and every process gets all the values and the times of all processes."""
+    values, times, counts, directions = into
+    model, tokenizer, batches = loaded
+    timing: dict[str, list[float]] = {}
+    evaluator = Evaluator(
+        model, _methods(model, tokenizer, task, names, timing, seed), {}, exclude_special_tokens=True,
+        show_progress=show_progress, faithfulness=task.faithfulness, tokenizer=tokenizer,
+    )
+    checkpoint = None if checkpoint_dir is None else Path(checkpoint_dir) / f"{task.name}.npz"
+    if checkpoint is not None:
+        checkpoint.parent.mkdir(parents=True, exist_ok=True)
+    measured = evaluator.run(batches, checkpoint=checkpoint)
+    counts[task.name] = len(measured)
+    times[task.name] = {method: seconds / rows for method, (seconds, rows) in _all_processes(timing).items() if rows}
+    values.update(_entries(task.name, measured.metrics))
+    directions.update({f"{task.name}: {metric}": higher_is_better(metric) for metric in task.faithfulness})
+
+
+def _all_processes(timing: dict[str, list[float]]) -> dict[str, list[float]]:
+    """``{method: [seconds, examples]}`` summed over the processes of ``accelerate launch``."""
+    if int(os.environ.get("WORLD_SIZE", "1")) < 2:
+        return timing
+    from accelerate.utils import gather_object
+
+    total: dict[str, list[float]] = {}
+    for part in gather_object([timing]):
+        for name, (seconds, rows) in part.items():
+            spent = total.setdefault(name, [0.0, 0])
+            spent[0] += seconds
+            spent[1] += rows
+    return total
 
 
 def _entries(task: str, metrics: dict[tuple, np.ndarray]) -> dict[tuple, np.ndarray]:

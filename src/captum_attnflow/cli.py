@@ -216,7 +216,9 @@ def _add_benchmark(commands: Any) -> None:
     benchmark.add_argument("--tasks", nargs="+", choices=tuple(TASKS), default=tuple(TASKS), metavar="TASK",
                            help=f"tasks (default: {' '.join(TASKS)})")
     benchmark.add_argument("--methods", nargs="+", choices=names, metavar="NAME", help=f"methods (default: all of {', '.join(names)})")
-    benchmark.add_argument("--examples", type=_positive, default=64, help="held-out examples per task (default: 64)")
+    benchmark.add_argument(
+        "--examples", type=_positive, default=None, help="held-out examples per task (default: 64; with --data all rows)"
+    )
     benchmark.add_argument(
         "--quick", action="store_true",
         help=f"{QUICK_EXAMPLES} examples per task and five methods ({', '.join(QUICK_METHODS)}) unless given",
@@ -229,6 +231,23 @@ def _add_benchmark(commands: Any) -> None:
         help="keep each task's per-example values here as they are computed; run the same command again to resume",
     )
     benchmark.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    mine = benchmark.add_argument_group(
+        "your own model and data", "a *ForSequenceClassification or *ForCausalLM directory saved with its tokenizer, "
+        "explained on the rows of a CSV, JSON Lines or Parquet file (instead of the tasks); also under accelerate launch",
+    )
+    mine.add_argument("--model", type=Path, metavar="DIR", help="the model directory (save_pretrained, with its tokenizer)")
+    mine.add_argument("--data", type=Path, metavar="FILE", help="a .csv, .tsv, .jsonl or .parquet file")
+    for column, default, text in (
+        ("text", "text", "a classifier's input text"), ("pair", None, "the second text of sentence pairs"),
+        ("label", None, "the gold class to explain (default: the predicted one)"), ("prompt", "prompt", "a language model's prompt"),
+        ("target", None, "the continuation whose first token is explained (default: the greedy next token)"),
+        ("contrast", None, "explain target rather than this class / text (contrastive)"),
+    ):
+        mine.add_argument(f"--{column}-column", default=default, metavar="NAME", help=f"{text} (default: {default})")
+    mine.add_argument("--deletion", choices=("remove", "mask", "unk", "pad"), default="remove",
+                      help="delete tokens from the attention mask (default) or write this token in their place")
+    mine.add_argument("--seed", type=int, default=0, help="seed of the drawn rows and the random floor (default: 0)")
+    mine.add_argument("--batch-size", type=_positive, default=32, help="rows per batch (default: 32)")
     benchmark.set_defaults(run=_benchmark)
 
 
@@ -238,13 +257,29 @@ def _benchmark(args: argparse.Namespace) -> int:
     if args.out.exists() and not args.out.is_dir():
         raise ValueError(f"--out {args.out} is a file; benchmark writes several files: give a directory.")
     out = _writable(args.out, args.out)
-    methods = args.methods or (QUICK_METHODS if args.quick else None)
-    examples = QUICK_EXAMPLES if args.quick and args.examples == 64 else args.examples
-    result = run_benchmark(
-        args.tasks, methods, examples, show_progress=not args.no_progress, checkpoint_dir=args.checkpoint_dir
-    )
-    print(result.to_markdown())
-    print("\nwritten: " + ", ".join(str(path) for path in result.save(out)))
+    methods = args.methods or (QUICK_METHODS if args.quick and args.data is None else None)
+    examples = QUICK_EXAMPLES if args.quick and args.examples is None else args.examples
+    if (args.model is None) != (args.data is None):
+        raise ValueError("--model DIR and --data FILE go together: your model explained on your rows.")
+    if args.data is not None:
+        from captum_attnflow.benchmark_user import load_data, load_model, run_user_benchmark
+        from captum_attnflow.benchmark_user_data import Columns
+
+        data = load_data(args.data)
+        model, tokenizer = load_model(args.model)
+        columns = Columns(args.text_column, args.pair_column, args.label_column, args.prompt_column,
+                          args.target_column, args.contrast_column)
+        result = run_user_benchmark(
+            model, tokenizer, data, columns, methods, examples, args.seed, args.batch_size, args.deletion,
+            name=args.data.stem, show_progress=not args.no_progress, checkpoint_dir=args.checkpoint_dir,
+        )
+    else:
+        result = run_benchmark(
+            args.tasks, methods, examples, seed=args.seed, show_progress=not args.no_progress, checkpoint_dir=args.checkpoint_dir
+        )
+    if int(os.environ.get("RANK", "0")) == 0:  # under accelerate launch every process has the table; one writes it
+        print(result.to_markdown())
+        print("\nwritten: " + ", ".join(str(path) for path in result.save(out)))
     return 0
 
 
@@ -497,7 +532,13 @@ def _add_generate(commands: Any) -> None:
     generate.add_argument("prompt", help='the prompt, e.g. "the keys to the cabinet"')
     generate.add_argument("--target", help="explain this continuation instead of generating one")
     generate.add_argument(
-        "--method", choices=attention_methods(), default="rollout", help="attribution method (default: rollout)"
+        "--contrast", metavar="TEXT",
+        help='explain why the model wrote the target rather than TEXT (e.g. "is"), by the gradient of the '
+        "difference of their logits; needs --method gradient_rollout (the default then)",
+    )
+    generate.add_argument(
+        "--method", choices=attention_methods(), default=None,
+        help="attribution method (default: rollout; gradient_rollout with --contrast)",
     )
     generate.add_argument(
         "--layer", type=_positive, default=None, metavar="N", help="explain after layer N (default: the last)"
@@ -527,10 +568,14 @@ def _generate(args: argparse.Namespace) -> int:
         model, tokenizer = load_agreement_lm()
     else:
         model, tokenizer = _load_language_model(args.model)
-    explainer = LLMAttentionAttribution(METHODS[args.method].build(model, tokenizer), tokenizer)
+    method = args.method or ("rollout" if args.contrast is None else "gradient_rollout")
+    if args.contrast is not None and not METHODS[method].class_specific:
+        raise ValueError(f"--contrast explains a difference of logits by its gradient: use --method gradient_rollout, not {method}.")
+    explainer = LLMAttentionAttribution(METHODS[method].build(model, tokenizer), tokenizer)
     result = explainer.attribute(
         args.prompt,
         target=args.target,
+        contrast_target=args.contrast,
         layer=-1 if args.layer is None else args.layer,
         max_new_tokens=args.max_new_tokens,
         receptive_field=args.receptive_field,

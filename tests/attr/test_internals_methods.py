@@ -246,3 +246,26 @@ def test_encoder_decoder_co_attention_rules_match_reference(kind):
     expected = _co_attention_reference(model, source, decoder, target, source_mask, decoder_mask).float()
     assert torch.allclose(ours, expected, rtol=1e-3, atol=1e-4), (ours - expected).abs().max()
     assert model_state(model) == before
+
+
+def test_gradient_weighted_rollout_inside_no_grad_enables_its_own_gradients():
+    model = _classifier("bert")
+    ids, mask = padded_batch(seed=7, batch=2, n=6)
+    expected = GradientWeightedRollout(model).attribute(ids, target=1, attention_mask=mask)
+    with torch.no_grad():
+        inside = GradientWeightedRollout(model).attribute(ids, target=1, attention_mask=mask)
+        assert not torch.is_grad_enabled()  # the caller's mode is back
+    torch.testing.assert_close(inside, expected)
+
+
+@pytest.mark.parametrize("method", [ALTI, ValueZeroing, AttentionNorm])
+def test_causal_decoder_explains_the_last_token_by_default(method):
+    """The causal mask gives exact zeros above the diagonal, so the default position is each
+    example's last real token (rounding of 1e-7 there would make it position 0)."""
+    model = make_tiny_model("gpt2")
+    ids, mask = padded_batch(seed=8, batch=3, n=9)
+    last = mask.sum(1) - 1
+    expected = method(model).attribute(ids, attention_mask=mask, position=last, layer=None)
+    torch.testing.assert_close(method(model).attribute(ids, attention_mask=mask, layer=None), expected, rtol=0, atol=0)
+    maps = alti_maps(model, ids, attention_mask=mask)
+    assert bool((maps.triu(1) == 0).all())

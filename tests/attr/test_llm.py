@@ -232,7 +232,7 @@ def test_errors_name_the_fix(tokenizer):
     t5 = LLMAttentionAttribution(AttentionRollout(make_lm("t5", len(tokenizer))), tokenizer)
     with pytest.raises(ValueError, match="decoder-only"):
         t5.attribute(PROMPT, target=TARGET, receptive_field=True)
-    with pytest.raises(TypeError, match="head_fusion and residual_alpha"):
+    with pytest.raises(TypeError, match="head_fusion, residual_alpha, show_progress"):
         t5.attribute(PROMPT, target=TARGET, normalize=True)
 
 
@@ -321,3 +321,28 @@ def test_gradient_weighted_rollout_of_an_encoder_decoder(seq2seq, tokenizer):
     torch.testing.assert_close(result.token_attr, rows[:, : source.shape[1]])
     with pytest.raises(TypeError, match="explains decoder-only models here"):
         LLMAttentionAttribution(ALTI(seq2seq), tokenizer).attribute(PROMPT, target=TARGET)
+
+
+ALL_METHODS = [RawAttention, AttentionRollout, AttentionFlow, GradientWeightedRollout, ValueZeroing, ALTI, AttentionNorm]
+
+
+@pytest.mark.parametrize("method", ALL_METHODS)
+def test_every_method_takes_show_progress_through_the_wrapper(tokenizer, method, capsys):
+    model = make_lm("gpt2", len(tokenizer))
+    explainer = LLMAttentionAttribution(method(model), tokenizer)
+    quiet = explainer.attribute(PROMPT, target=TARGET, show_progress=False)
+    assert not capsys.readouterr().err
+    shown = explainer.attribute(PROMPT, target=TARGET, show_progress=True)
+    assert capsys.readouterr().err  # tqdm writes its bar to stderr
+    torch.testing.assert_close(shown.token_attr, quiet.token_attr)
+    with pytest.raises(TypeError, match=f"{method.__name__} through LLMAttentionAttribution takes no bogus.*show_progress"):
+        explainer.attribute(PROMPT, target=TARGET, bogus=1)
+
+
+@pytest.mark.parametrize("method", [AttentionFlow, GradientWeightedRollout, AttentionRollout])
+def test_encoder_decoder_takes_show_progress(tokenizer, method, capsys):
+    explainer = LLMAttentionAttribution(method(make_lm("t5", len(tokenizer))), tokenizer)
+    quiet = explainer.attribute(PROMPT, target=TARGET, show_progress=False)
+    shown = explainer.attribute(PROMPT, target=TARGET, show_progress=True)
+    assert bool(capsys.readouterr().err) == (method is not AttentionRollout)  # rollout's products take no time
+    torch.testing.assert_close(shown.token_attr, quiet.token_attr)

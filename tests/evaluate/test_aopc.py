@@ -123,5 +123,5 @@ def test_aopc_rejects_bad_input():
         aopc_sufficiency(model, ids, torch.rand(2, 5), fractions=(0.0, 0.5))
     with pytest.raises(ValueError, match=r"exclude must have shape"):
         aopc_sufficiency(model, ids, torch.rand(2, 5), exclude=torch.zeros(2, 4))
-    with pytest.raises(ValueError, match="one class per example"):
+    with pytest.raises(ValueError, match="give one per example"):
         aopc_sufficiency(model, ids, torch.rand(2, 5), target=torch.tensor([0, 1, 2]))

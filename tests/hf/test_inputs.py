@@ -145,7 +145,7 @@ def test_bad_inputs_get_errors_that_name_the_fix(method, call, error, match):
         (lambda m, ids: TokenSaliency(m).attribute(ids, target=3), ValueError, r"out of range: the model scores C = 3"),
         (lambda m, ids: TokenSaliency(m).attribute(ids, target=-1), ValueError, "out of range"),
         (lambda m, ids: TokenSaliency(m).attribute(ids, target="positive"), TypeError, "label2id"),
-        (lambda m, ids: BlankOut(m, token=3).attribute(ids, target=[0, 1, 2]), ValueError, "one class per example"),
+        (lambda m, ids: BlankOut(m, token=3).attribute(ids, target=[0, 1, 2]), ValueError, "target has 3 entries for B = 2"),
         (lambda m, ids: TokenSaliency(m).attribute(torch.tensor([[5, 600]]), target=0), ValueError, "vocabulary"),
         (lambda m, ids: TokenSaliency(m).attribute(ids[:0], target=0), ValueError, "empty batch"),
         (

@@ -6,6 +6,7 @@ from typing import Any, Callable
 
 from captum.attr import Attribution
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from captum_attnflow.docstrings import fill_docstring
 from captum_attnflow.functional import AttentionGraph
@@ -145,7 +146,15 @@ _HEAD_DOC = """
                 Appendix A.1); ``"all"`` for every head, an extra head axis after the layer axis.
 """
 
-_ATTRIBUTE_ARGS_DOC = _INPUTS_DOC + _CLASS_AGNOSTIC_DOC + _POSITION_LAYER_DOC + _FUSION_DOC + _MASK_DOC + _HEAD_DOC
+_PROGRESS_DOC = """
+            show_progress (bool, optional): show a tqdm progress bar; None (default) shows one
+                only for long calls (seconds of work). Every method takes it, so a caller such
+                as :class:`~captum_attnflow.attr.llm.LLMAttentionAttribution` can pass it to any."""
+
+_ATTRIBUTE_ARGS_DOC = (
+    _INPUTS_DOC + _CLASS_AGNOSTIC_DOC + _POSITION_LAYER_DOC + _FUSION_DOC + _MASK_DOC + _HEAD_DOC.rstrip("\n")
+    + _PROGRESS_DOC + "\n"
+)
 
 _ATTRIBUTE_RETURNS_DOC = """(B, n) for one layer and one position per
             example, on the inputs' device; a leading layer axis (L, B, n) for ``layer=None``,
@@ -160,4 +169,19 @@ def with_internals_args(target_doc: str = _CLASS_AGNOSTIC_DOC):
     """Fills ``{args}`` and ``{shapes}`` in the ``attribute`` docstring of a method reading the
     model's internals (no head fusion, residual or per-head results), ``target_doc`` describing
     its ``target``."""
-    return fill_docstring(args=_INPUTS_DOC + target_doc + _POSITION_LAYER_DOC + _MASK_DOC + "\n", shapes=_ATTRIBUTE_RETURNS_DOC)
+    return fill_docstring(
+        args=_INPUTS_DOC + target_doc + _POSITION_LAYER_DOC + _MASK_DOC + _PROGRESS_DOC + "\n", shapes=_ATTRIBUTE_RETURNS_DOC
+    )
+
+
+# From about this many numbers B n^2 in token ids (B, n) (one example of 256 tokens), the methods
+# that read a model's internals work for seconds and show a progress bar by default.
+_LONG_NUMBERS = 2**16
+
+
+def progress_bar(show_progress: bool | None, inputs: Tensor, description: str, unit: str, total: int | None = None) -> tqdm:
+    """A tqdm bar for the work on ``inputs``: shown when ``show_progress`` is True, or when it is
+    None and the inputs are long (token ids (B, n) with B n^2 of at least 65 536; images never)."""
+    tokens = inputs.dim() == 2 and not inputs.dtype.is_floating_point
+    long = tokens and inputs.shape[0] * inputs.shape[1] ** 2 >= _LONG_NUMBERS
+    return tqdm(total=total, desc=description, unit=unit, disable=not (long if show_progress is None else show_progress))

@@ -6,7 +6,7 @@ from typing import Any, Callable
 
 from torch import Tensor
 
-from captum_attnflow.attr._base import AttentionAttribution
+from captum_attnflow.attr._base import AttentionAttribution, progress_bar
 from captum_attnflow.functional import AttentionGraph, rollout_rows
 
 
@@ -26,9 +26,10 @@ class ContributionRollout(AttentionAttribution):
         position: Any,
         layer: int | None,
         attention_mask: Tensor | None,
-        **options: Any,
+        show_progress: bool | None,
     ) -> Tensor:
         inputs, args, attention_mask, _ = self._checked_inputs(inputs, additional_forward_args, attention_mask)
-        maps = maps_of(self.forward_func, inputs, args, attention_mask, **options)
+        with progress_bar(show_progress, inputs, type(self).__name__, "layer") as bar:
+            maps = maps_of(self.forward_func, inputs, args, attention_mask, progress=bar.update)
         graph = AttentionGraph.from_fused(maps, residual_alpha=1.0, attention_mask=attention_mask)
         return rollout_rows(graph, position, layer).to(inputs.device)

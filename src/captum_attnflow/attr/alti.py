@@ -44,6 +44,7 @@ class ALTI(ContributionRollout):
         position: int | list[int] | Tensor | None = None,
         layer: int | None = -1,
         attention_mask: Tensor | None = None,
+        show_progress: bool | None = None,
     ) -> Tensor:
         """ALTI of ``position`` after ``layer``.
 {args}
@@ -59,4 +60,4 @@ class ALTI(ContributionRollout):
             >>> scores.shape, bool(scores.sum(-1).allclose(scores.new_ones(6, 1)))
             (torch.Size([6, 1, 6]), True)
         """
-        return self._rolled_out(alti_maps, inputs, additional_forward_args, position, layer, attention_mask)
+        return self._rolled_out(alti_maps, inputs, additional_forward_args, position, layer, attention_mask, show_progress)

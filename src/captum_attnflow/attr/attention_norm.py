@@ -6,7 +6,7 @@ from typing import Any
 
 from torch import Tensor
 
-from captum_attnflow.attr._base import AttentionAttribution, with_internals_args
+from captum_attnflow.attr._base import AttentionAttribution, progress_bar, with_internals_args
 from captum_attnflow.functional.checks import as_mask, matrix_rows
 from captum_attnflow.hf.decomposition import attention_norm_maps
 
@@ -38,6 +38,7 @@ class AttentionNorm(AttentionAttribution):
         position: int | list[int] | Tensor | None = None,
         layer: int | None = -1,
         attention_mask: Tensor | None = None,
+        show_progress: bool | None = None,
     ) -> Tensor:
         """Norms of the weighted value vectors read by ``position`` in ``layer``.
 {args}
@@ -53,6 +54,7 @@ class AttentionNorm(AttentionAttribution):
             torch.Size([6, 1, 6])
         """
         inputs, args, attention_mask, _ = self._checked_inputs(inputs, additional_forward_args, attention_mask)
-        maps = attention_norm_maps(self.forward_func, inputs, args, attention_mask)
+        with progress_bar(show_progress, inputs, "AttentionNorm", "layer") as bar:
+            maps = attention_norm_maps(self.forward_func, inputs, args, attention_mask, progress=bar.update)
         mask = as_mask(attention_mask, maps.shape[1], maps.shape[2], maps.device)
         return matrix_rows(maps, position, layer, mask).to(inputs.device)

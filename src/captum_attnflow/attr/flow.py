@@ -40,13 +40,10 @@ class AttentionFlow(AttentionAttribution):
         show_progress: bool | None = None,
     ) -> Tensor:
         """Attention flow from ``position`` after ``layer`` to the input tokens.
-{args}
-            normalize (bool, optional): False (default) returns raw max-flow values in
+{args}            normalize (bool, optional): False (default) returns raw max-flow values in
                 [0, 1] (up to ~1e-7 of float32 rounding), the paper's definition; True
                 rescales each row to sum to 1 over the tokens, as the authors' released
                 code did.
-            show_progress (bool, optional): show a tqdm progress bar; None (default) shows
-                one only for long computations.
 
         Returns:
             Tensor: float32 {shapes} Padding gets 0.

@@ -9,7 +9,7 @@ from captum.attr import GradientAttribution
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from captum_attnflow.attr._base import AttentionAttribution, with_internals_args
+from captum_attnflow.attr._base import AttentionAttribution, progress_bar, with_internals_args
 from captum_attnflow.functional.checks import as_mask, default_position, layer_indices, positions
 from captum_attnflow.functional.gradient_rollout import (
     co_attention_relevance,
@@ -36,7 +36,11 @@ _TARGET_DOC = """
                 or (B,) tensor); for a language model's (B, n, V) logits the token whose logit
                 is explained at each explained position (its next-token prediction): one id,
                 (B,) or (B, S); for a forward function returning (B,) scores, None. None
-                (default): the predicted class, or the predicted token at each position."""
+                (default): the predicted class, or the predicted token at each position.
+            contrast (int, list or Tensor, optional): a contrastive explanation (Yin & Neubig,
+                EMNLP 2022): the explained score is the target's minus this index's,
+                :math:`y_t - y_c`, in the same forms as ``target``. None (default): the
+                target's score alone."""
 
 
 class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
@@ -83,6 +87,7 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
 
     @property
     def multiplies_by_inputs(self) -> bool:
+        """False: the scores are not multiplied by the inputs (Captum's interface)."""
         return False
 
     @with_internals_args(_TARGET_DOC)
@@ -94,13 +99,11 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         position: int | list[int] | Tensor | None = None,
         layer: int | None = -1,
         attention_mask: Tensor | None = None,
+        contrast: Any = None,
         show_progress: bool | None = None,
     ) -> Tensor:
         """Gradient-weighted rollout of ``position`` after ``layer`` for the score ``target``.
-{args}            show_progress (bool, optional): a tqdm bar over the backward passes (one per
-                explained position of a language model); None (default) shows it when they
-                are many and long.
-
+{args}
         Returns:
             Tensor: float32 {shapes} Padding gets 0.
 
@@ -116,12 +119,12 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         inputs, args, attention_mask, _ = self._checked_inputs(inputs, additional_forward_args, attention_mask)
         with torch.enable_grad():  # as Captum's gradient methods, also inside torch.no_grad()
             if self._lean_gradients():
-                return self._streamed(inputs, target, args, position, layer, attention_mask, show_progress)
-            return self._stored(inputs, target, args, position, layer, attention_mask, show_progress)
+                return self._streamed(inputs, target, args, position, layer, attention_mask, contrast, show_progress)
+            return self._stored(inputs, target, args, position, layer, attention_mask, contrast, show_progress)
 
     def _stored(
         self, inputs: Tensor, target: Any, args: tuple, position: Any, layer: int | None, attention_mask: Tensor | None,
-        show_progress: bool | None,
+        contrast: Any, show_progress: bool | None,
     ) -> Tensor:
         """:meth:`attribute` from eager attention's stored probabilities and their gradients."""
         internals = capture_internals(self.forward_func, inputs, args, attention_mask, gradients=True)
@@ -134,7 +137,7 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
             causal = all(not bool(p.detach().triu(1).any()) for p in probabilities)
             position = default_position(mask, causal)
         sources, has_axis = positions(position, mask)
-        scores = target_scores(internals.output, target, internals.run_positions(sources))
+        scores = target_scores(internals.output, target, internals.run_positions(sources), contrast)
         attentions = [_in_order(internals, p.detach().to(inputs.device)) for p in probabilities]
         # A language model's positions each predict their own token: one gradient per position,
         # several at once (one batched backward per chunk); a classifier's score is one for all.
@@ -163,7 +166,7 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
 
     def _streamed(
         self, inputs: Tensor, target: Any, args: tuple, position: Any, layer: int | None, attention_mask: Tensor | None,
-        show_progress: bool | None,
+        contrast: Any, show_progress: bool | None,
     ) -> Tensor:
         """:meth:`attribute` on the lean path: one backward pass per explained score, each layer's
         :math:`\\bar A_l` in row blocks from the queries, keys, values and output gradient."""
@@ -178,7 +181,7 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         sources, has_axis = positions(position, mask)
         run_sources = sources if capture.order is None else in_run_order(sources, capture.order.to(device))
         run_mask = as_mask(capture.mask, batch, n, device)
-        scores = target_scores(capture.output, target, run_sources)
+        scores = target_scores(capture.output, target, run_sources, contrast)
         layers = layer_indices(layer, len(calls))
         below = range(max(layers) + 1)  # the layers the explained ones are rolled out over
         # A language model's positions each predict their own token: one backward per position;
@@ -209,6 +212,7 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         layer: int | None = -1,
         attention_mask: Tensor | None = None,
         decoder_attention_mask: Tensor | None = None,
+        show_progress: bool | None = None,
     ) -> Tensor:
         """Relevance of every decoder position of an encoder-decoder (T5, BART, ...) with Chefer et
         al.'s co-attention rules (:func:`~captum_attnflow.functional.gradient_rollout.encoder_decoder_relevance`),
@@ -220,16 +224,20 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
                 before each predicted one); ``decoder_attention_mask`` (B, m) their padding.
             target: (B, m) the token each decoder position predicts.
             layer: the decoder layer (1..L_d, negative from the top), None for all.
+            show_progress: a tqdm bar over the decoder positions; None (default) shows one for long inputs.
 
         Returns:
             float32 (B, m, n_s + m), (L_d, B, m, n_s + m) for ``layer=None``: row t over the
             source tokens, then over the decoder's input tokens; padding 0.
         """
         rows = self._streamed_encoder_decoder if self._lean_gradients() else self._stored_encoder_decoder
-        with torch.enable_grad():
-            relevance = torch.stack(
-                list(rows(input_ids, decoder_input_ids, target, attention_mask, decoder_attention_mask)), -2
-            )  # (L_d, B, m, n_s + m)
+        count = decoder_input_ids.shape[1]
+        steps = []
+        with torch.enable_grad(), progress_bar(show_progress, decoder_input_ids, "gradient-weighted rollout", "position", count) as bar:
+            for step in rows(input_ids, decoder_input_ids, target, attention_mask, decoder_attention_mask):
+                steps.append(step)
+                bar.update()
+        relevance = torch.stack(steps, -2)  # (L_d, B, m, n_s + m)
         result = relevance[layer_indices(layer, relevance.shape[0])]
         return result[0] if layer is not None else result
 

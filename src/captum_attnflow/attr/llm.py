@@ -140,6 +140,7 @@ class LLMAttentionAttribution(Attribution):
         receptive_field: bool = False,
         drop_sink: bool = False,
         padding_side: str | None = None,
+        contrast_target: str | Tensor | None | Sequence[str | Tensor | None] = None,
         **kwargs: Any,
     ) -> LLMAttentionAttributionResult | list[LLMAttentionAttributionResult]:
         """Scores of the prompt tokens for every output token, from one forward pass.
@@ -168,9 +169,18 @@ class LLMAttentionAttribution(Attribution):
             padding_side: ``"left"`` or ``"right"`` for a list of prompts of a decoder-only
                 model (both give the same scores); None uses the tokenizer's. Encoder-decoders
                 pad the source on the right.
-            **kwargs: passed to the method's ``attribute`` (``head_fusion``,
-                ``residual_alpha``, and for flow ``normalize``, ``show_progress``); for an
-                encoder-decoder ``head_fusion`` and ``residual_alpha`` (default: the method's).
+            contrast_target: a contrastive explanation (Yin & Neubig, EMNLP 2022; inseq's
+                ``contrast_targets``) with :class:`~captum_attnflow.GradientWeightedRollout` on
+                a decoder-only model: output token :math:`t` is explained by the gradient of
+                its logit minus the logit of contrast token :math:`t` at the same position,
+                why the model wrote ``"are"`` rather than ``"is"``. A string or token ids as
+                ``target`` (a list, one per prompt); as many tokens as a given target, and a
+                generated target is cut to its length. None (default): not contrastive.
+            **kwargs: passed to the method's ``attribute``: ``show_progress`` for every method,
+                ``head_fusion`` and ``residual_alpha`` for raw attention, rollout and flow,
+                ``normalize`` for flow; for an encoder-decoder ``show_progress`` (the joint graph's
+                raw attention and rollout take milliseconds and show none), and ``head_fusion``
+                and ``residual_alpha`` (default: the method's) for the joint graph.
 
         Returns:
             LLMAttentionAttributionResult: ``token_attr`` (n_out, n_in) as described above;
@@ -183,7 +193,8 @@ class LLMAttentionAttribution(Attribution):
             ValueError: an empty prompt (only special tokens), token ids outside the model's
                 vocabulary, a prompt (and target) longer than the model's positions, an empty
                 target.
-            TypeError: a target that is neither text, integer token ids nor None.
+            TypeError: a target that is neither text, integer token ids nor None; a keyword the
+                method does not take.
 
         Example::
 
@@ -209,6 +220,13 @@ class LLMAttentionAttribution(Attribution):
             >>> fair = explainer.attribute("the keys to the cabinet", target="are .", receptive_field=True)
             >>> fair.input_tokens[fair.token_attr[0].argmax()]
             'cabinet'
+
+            Why "are" rather than "is"? The gradient of the difference of their logits:
+
+            >>> from captum_attnflow import GradientWeightedRollout
+            >>> why = LLMAttentionAttribution(GradientWeightedRollout(model), tokenizer)
+            >>> why.attribute("the keys to the cabinet", target="are", contrast_target="is").token_attr.shape
+            torch.Size([1, 6])
         """
         single = isinstance(inp, (str, TextTokenInput))
         prompts = [inp] if single else list(inp)
@@ -228,6 +246,9 @@ class LLMAttentionAttribution(Attribution):
         device = input_device(self.model)
         prompt_ids = [self._prompt_ids(text, device) for text in inputs]
         output_ids = [self._target_ids(ids, t, max_new_tokens, device) for ids, t in zip(prompt_ids, targets)]
+        if contrast_target is not None:
+            contrasts = [contrast_target] if single else list(contrast_target)
+            output_ids, kwargs["contrast"] = self._contrast_ids(prompt_ids, output_ids, targets, contrasts, device)
         if self.encoder_decoder:
             rows = self._encoder_decoder_rows(prompt_ids, output_ids, layer, kwargs)
         else:
@@ -327,6 +348,29 @@ class LLMAttentionAttribution(Attribution):
             )
         return ids
 
+    def _contrast_ids(
+        self, prompts: list[Tensor], outputs: list[Tensor], targets: list, contrasts: list, device: torch.device
+    ) -> tuple[list[Tensor], list[Tensor]]:
+        """The outputs (generated ones cut to their contrast's length) and the contrast token ids."""
+        if not isinstance(self.attr_method, GradientWeightedRollout) or self.encoder_decoder:
+            raise TypeError(
+                "contrast_target explains the difference of two logits by its gradient: wrap GradientWeightedRollout "
+                f"built on a decoder-only model, got {type(self.attr_method).__name__}"
+                + (" on an encoder-decoder." if self.encoder_decoder else ".")
+            )
+        if len(contrasts) != len(prompts) or any(c is None for c in contrasts):
+            raise ValueError(f"got {len(prompts)} prompts but contrast_target {contrasts!r}: pass one contrast per prompt.")
+        ids = [self._target_ids(prompt, c, 0, device) for prompt, c in zip(prompts, contrasts)]
+        cut = []
+        for output, contrast, target in zip(outputs, ids, targets):
+            if contrast.numel() > output.numel() or (target is not None and contrast.numel() != output.numel()):
+                raise ValueError(
+                    f"the contrast has {contrast.numel()} tokens and the target {output.numel()}: each output token is "
+                    "explained against the contrast token at the same place, give both the same number of tokens."
+                )
+            cut.append(output[: contrast.numel()])
+        return cut, ids
+
     def _decoder_rows(
         self, prompts: list[Tensor], outputs: list[Tensor], layer: int, padding_side: str | None, kwargs: dict
     ) -> list[Tensor]:
@@ -350,6 +394,10 @@ class LLMAttentionAttribution(Attribution):
             method = self.attr_method
             if isinstance(method, GradientWeightedRollout):  # each position explains the token it writes
                 kwargs = {"target": ids.gather(1, position + 1), **kwargs}
+                if kwargs.get("contrast") is not None:  # the contrast token at the same place, (B, max n_out)
+                    contrast, _, _ = _pad(kwargs["contrast"], 0, "right")
+                    kwargs["contrast"] = contrast.gather(1, position - starts[:, None])
+        _check_options(self.attr_method, kwargs)
         # (B, max n_out, N)
         scores = method.attribute(ids, position=position, layer=layer, attention_mask=mask, **kwargs)
         return [
@@ -367,11 +415,14 @@ class LLMAttentionAttribution(Attribution):
                 f"{type(self.attr_method).__name__} explains decoder-only models here; an encoder-decoder is explained "
                 "by RawAttention, AttentionRollout, AttentionFlow or GradientWeightedRollout."
             )
-        unknown = set(kwargs) - ({"head_fusion", "residual_alpha"} if not gradient else set())
+        options = {"show_progress"} | (set() if gradient else {"head_fusion", "residual_alpha"})
+        unknown = set(kwargs) - options
         if unknown:
             raise TypeError(
-                f"unexpected arguments {sorted(unknown)} for an encoder-decoder: it takes head_fusion and residual_alpha."
+                f"unexpected arguments {sorted(unknown)} for an encoder-decoder with {type(self.attr_method).__name__}: "
+                f"it takes {', '.join(sorted(options))}."
             )
+        show_progress = kwargs.pop("show_progress", None)
         start = self.model.config.decoder_start_token_id
         if start is None:
             raise ValueError(f"{type(self.model).__name__}.config.decoder_start_token_id is None; set it to run the decoder.")
@@ -381,9 +432,13 @@ class LLMAttentionAttribution(Attribution):
         decoder, decoder_mask, _ = _pad(decoder_inputs, pad, "right")
         if gradient:  # Chefer et al.'s co-attention rules, each position for the token it writes
             written, _, _ = _pad(outputs, pad, "right")
-            scores = self.attr_method.encoder_decoder_rows(source, decoder, written, layer, source_mask, decoder_mask)
+            scores = self.attr_method.encoder_decoder_rows(
+                source, decoder, written, layer, source_mask, decoder_mask, show_progress=show_progress
+            )
         else:
             options = {"residual_alpha": _default(self.attr_method, "residual_alpha"), **kwargs}
+            if isinstance(self.attr_method, AttentionFlow):  # the joint graph's products take no time to show
+                options["show_progress"] = show_progress
             maps = seq2seq_attentions(self.model, source, decoder, source_mask, decoder_mask)
             scores = _JOINT_GRAPH[type(self.attr_method)](
                 maps.encoder, maps.decoder, maps.cross, layer=layer,
@@ -446,6 +501,21 @@ def _pad_id(tokenizer: Any, model: nn.Module) -> int:
         if isinstance(value, int):
             return value
     return 0  # any id will do: padding is masked out
+
+
+# Set by the wrapper itself for each call.
+_WRAPPER_ARGUMENTS = ("inputs", "additional_forward_args", "position", "layer", "attention_mask")
+
+
+def _check_options(method: Attribution, kwargs: dict) -> None:
+    """Refuse keywords ``method.attribute`` does not take, or that the wrapper sets, naming those it takes."""
+    taken = [name for name in inspect.signature(type(method).attribute).parameters if name not in ("self", *_WRAPPER_ARGUMENTS)]
+    unknown = sorted(set(kwargs) - set(taken))
+    if unknown:
+        raise TypeError(
+            f"{type(method).__name__} through LLMAttentionAttribution takes no {', '.join(unknown)}: layer is the "
+            f"wrapper's own argument, positions and masks come from the prompt; it takes {', '.join(taken)}."
+        )
 
 
 def _default(method: Attribution, name: str) -> Any:

@@ -36,6 +36,7 @@ class RawAttention(AttentionAttribution):
         residual_alpha: float = 1.0,
         attention_mask: Tensor | None = None,
         head: int | str | None = None,
+        show_progress: bool | None = None,
     ) -> Tensor:
         """Attention weights of ``position`` in ``layer`` over the tokens.
 {args}        Returns:
@@ -55,4 +56,4 @@ class RawAttention(AttentionAttribution):
             (True, 0.0)
         """
         graph, inputs = self._graph(inputs, additional_forward_args, attention_mask, residual_alpha, head_fusion, head is not None)
-        return raw_attention(graph, position, layer, head=head).to(inputs.device)
+        return raw_attention(graph, position, layer, head=head, show_progress=show_progress).to(inputs.device)

@@ -41,8 +41,6 @@ class AttentionRollout(AttentionAttribution):
     ) -> Tensor:
         """Rollout of ``position`` after ``layer`` onto the input tokens.
 {args}
-            show_progress (bool, optional): show a tqdm progress bar over the layers; None
-                (default) shows one for long inputs on the lean path (seconds of work).
 
         Returns:
             Tensor: float32 {shapes} Each row sums to 1 over real tokens; padding gets 0.

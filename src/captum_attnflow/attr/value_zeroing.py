@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from captum_attnflow.attr._base import with_internals_args
 from captum_attnflow.attr._decomposition import ContributionRollout
@@ -43,12 +42,10 @@ class ValueZeroing(ContributionRollout):
         position: int | list[int] | Tensor | None = None,
         layer: int | None = -1,
         attention_mask: Tensor | None = None,
-        show_progress: bool = False,
+        show_progress: bool | None = None,
     ) -> Tensor:
         """Value zeroing of ``position`` after ``layer``.
 {args}
-            show_progress (bool, optional): a tqdm progress bar over the layers.
-
         Returns:
             Tensor: float32 {shapes} Each row sums to 1 over real tokens; padding gets 0.
 
@@ -61,7 +58,6 @@ class ValueZeroing(ContributionRollout):
             >>> scores.shape, round(float(scores.sum()), 4)
             (torch.Size([1, 6]), 1.0)
         """
-        with tqdm(desc="value zeroing", unit="layer", disable=not show_progress) as bar:
-            return self._rolled_out(
-                value_zeroing_maps, inputs, additional_forward_args, position, layer, attention_mask, progress=bar.update
-            )
+        return self._rolled_out(
+            value_zeroing_maps, inputs, additional_forward_args, position, layer, attention_mask, show_progress
+        )

@@ -76,6 +76,7 @@ class EmbeddingGradientAttribution(GradientAttribution):
         additional_forward_args: Any,
         attention_mask: Tensor | None,
         multiply_by_inputs: bool,
+        contrast: Any = None,
     ) -> Tensor:
         """(B, n) token scores from Captum's ``LayerGradientXActivation`` on the embedding layer:
         the plain gradient :math:`\\partial f_t / \\partial e_i` (``multiply_by_inputs=False``)
@@ -83,7 +84,8 @@ class EmbeddingGradientAttribution(GradientAttribution):
         inputs, mask, extra_args = self.scores.prepare(inputs, attention_mask, additional_forward_args)
         with model_call(self.scores.forward_func):
             target = self.scores.target(inputs, extra_args, target)
-            method = LayerGradientXActivation(self.scores, self.embedding_layer, multiply_by_inputs=multiply_by_inputs)
+            forward, extra_args = self.scores.contrastive(inputs, extra_args, contrast)
+            method = LayerGradientXActivation(forward, self.embedding_layer, multiply_by_inputs=multiply_by_inputs)
             gradients = method.attribute(inputs, target=target, additional_forward_args=extra_args)
         return self._tokens(gradients, mask, inputs)
 
@@ -100,7 +102,11 @@ _TOKEN_ARGS_DOC = """
                 the model after ``inputs``.
             attention_mask (Tensor, optional): (B, n), 1 on real tokens, 0 on padding. It is
                 passed to a Hugging Face model as ``attention_mask``; padding gets
-                attribution 0."""
+                attribution 0.
+            contrast (int, list or Tensor, optional): a contrastive explanation (Yin & Neubig,
+                EMNLP 2022): the explained score is the target's minus this class's,
+                :math:`f_t - f_c`, why ``target`` rather than ``contrast``; the same forms as
+                ``target``. None (default): the target's score alone."""
 
 _TOKEN_RETURNS_DOC = """Returns:
             Tensor: float32 (B, n) on the inputs' device, padding 0."""

@@ -59,6 +59,7 @@ class BlankOut(PerturbationAttribution):
         attention_mask: Tensor | None = None,
         perturbations_per_eval: int = 8,
         show_progress: bool = False,
+        contrast: Any = None,
     ) -> Tensor:
         """Drop in the target's probability when each token is blanked out.
 {args}
@@ -84,7 +85,8 @@ class BlankOut(PerturbationAttribution):
         positions = torch.arange(inputs.shape[1], device=inputs.device)[None]
         with torch.no_grad(), model_call(self.scores.forward_func):
             target = self.scores.target(inputs, extra_args, target)
-            drops = FeatureAblation(self.scores).attribute(
+            forward, extra_args = self.scores.contrastive(inputs, extra_args, contrast)
+            drops = FeatureAblation(forward).attribute(
                 inputs,
                 baselines=blanks,
                 target=target,

@@ -38,6 +38,7 @@ class TokenInputXGradient(EmbeddingGradientAttribution):
         target: Any = None,
         additional_forward_args: Any = None,
         attention_mask: Tensor | None = None,
+        contrast: Any = None,
     ) -> Tensor:
         """Embedding times gradient of the target's score, reduced per token.
 {args}
@@ -58,5 +59,5 @@ class TokenInputXGradient(EmbeddingGradientAttribution):
             (torch.Size([2, 4]), 0.0)
         """
         return self._embedding_gradients(
-            inputs, target, additional_forward_args, attention_mask, multiply_by_inputs=True
+            inputs, target, additional_forward_args, attention_mask, contrast=contrast, multiply_by_inputs=True
         )

@@ -63,6 +63,7 @@ class TokenIntegratedGradients(EmbeddingGradientAttribution):
         internal_batch_size: int | None = None,
         return_convergence_delta: bool = False,
         attention_mask: Tensor | None = None,
+        contrast: Any = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
         """Integrated gradients from baseline tokens to ``inputs``, reduced per token.
 
@@ -104,7 +105,8 @@ class TokenIntegratedGradients(EmbeddingGradientAttribution):
             reference = torch.where(mask, token_id(self.scores.forward_func, baselines, self.tokenizer, argument="baselines"), inputs)
         with model_call(self.scores.forward_func):
             target = self.scores.target(inputs, extra_args, target)
-            integrated = LayerIntegratedGradients(self.scores, self.embedding_layer).attribute(
+            forward, extra_args = self.scores.contrastive(inputs, extra_args, contrast)
+            integrated = LayerIntegratedGradients(forward, self.embedding_layer).attribute(
                 inputs,
                 baselines=reference,
                 target=target,

@@ -40,6 +40,7 @@ class TokenSaliency(EmbeddingGradientAttribution):
         target: Any = None,
         additional_forward_args: Any = None,
         attention_mask: Tensor | None = None,
+        contrast: Any = None,
     ) -> Tensor:
         """Gradient of the target's score with respect to each token's embedding, reduced per token.
 {args}
@@ -57,5 +58,5 @@ class TokenSaliency(EmbeddingGradientAttribution):
             (torch.Size([1, 6]), True)
         """
         return self._embedding_gradients(
-            inputs, target, additional_forward_args, attention_mask, multiply_by_inputs=False
+            inputs, target, additional_forward_args, attention_mask, contrast=contrast, multiply_by_inputs=False
         )

@@ -97,10 +97,12 @@ class AgreementExample:
 
     @property
     def sentence(self) -> str:
+        """The words joined by spaces."""
         return " ".join(self.words)
 
     @property
     def num_attractors(self) -> int:
+        """How many attractors (nouns of the other number between subject and verb) the sentence has."""
         return len(self.attractor_indices)
 
 

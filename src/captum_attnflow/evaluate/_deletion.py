@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from captum_attnflow.hf import ScoreForward, check_token_ids, token_id
+from captum_attnflow.hf import ScoreForward, check_token_ids, target_indices, token_id
 from captum_attnflow.hf.scores import check_softmax_applies
 
 # The deletion settings a metric accepts: remove and close the gap, or replace by a token.
@@ -110,7 +110,7 @@ class TokenDeletion:
         # rank 0 = the highest-attributed candidate; the other tokens sort after every candidate.
         self.rank = torch.empty_like(order).scatter_(1, order, positions)
         target = self.forward.target(self.inputs, self.extra_args, target)
-        self.target = _target_indices(target, self.inputs.shape[0], self.inputs.device)
+        self.target = target_indices(target, self.inputs.shape[0], self.inputs.device).long().expand(self.inputs.shape[0])
 
     def top(self, fraction: float) -> Tensor:
         """(B, n) bool: the :math:`\\lceil f m \\rceil` highest-attributed candidates."""
@@ -213,15 +213,6 @@ def _row_keys(ids: Tensor, mask: Tensor) -> list[tuple[bytes, bytes]]:
     ids, mask = ids.cpu().numpy(), mask.cpu().numpy()
     lengths = np.where(mask.any(-1), mask.shape[1] - mask[:, ::-1].argmax(-1), 0)
     return [(row_ids[:length].tobytes(), row_mask[:length].tobytes()) for row_ids, row_mask, length in zip(ids, mask, lengths)]
-
-
-def _target_indices(target: Any, batch: int, device: torch.device) -> Tensor:
-    indices = torch.as_tensor(target, device=device).long().reshape(-1)
-    if indices.numel() == 1:
-        return indices.expand(batch)
-    if indices.numel() != batch:
-        raise ValueError(f"target must give one class per example (B = {batch}), got {indices.numel()}.")
-    return indices
 
 
 def _bool(values: Tensor | None, mask: Tensor, name: str) -> Tensor:

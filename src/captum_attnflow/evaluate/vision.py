@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from captum_attnflow.hf import class_scores, model_call
+from captum_attnflow.hf import class_scores, model_call, target_indices
 
 
 def perturbation_auc(
@@ -140,9 +140,4 @@ def _target(forward_func: Any, inputs: Tensor, target: Any) -> Tensor:
     batch = inputs.shape[0]
     if target is None:
         return class_scores(forward_func(inputs)).argmax(-1)
-    if isinstance(target, (str, bool)):
-        raise TypeError(f"target must be class indices (int, list or (B,) tensor), got {target!r}.")
-    indices = torch.as_tensor(target, device=inputs.device).reshape(-1)
-    if indices.dtype.is_floating_point or indices.numel() not in (1, batch):
-        raise ValueError(f"target must be one class index or one per example (B = {batch}), got {target!r}.")
-    return indices.long().expand(batch)
+    return target_indices(target, batch, inputs.device).long().expand(batch)

@@ -133,7 +133,10 @@ def alti_contributions(
         distances = torch.cat([_distances(probabilities, projected, inputs, outputs, scale, rows)
                                for rows in _row_blocks(batch, n, size)], 1)
     contributions = (outputs.abs().sum(-1)[:, :, None] - distances).clamp(min=0)
-    return normalised_rows(contributions, attention_mask)
+    # Where no head attends (a causal or padding mask) T_i(x_j) is 0 and the difference above is
+    # rounding of two sums of |y_i|: exactly 0 there, so a causal model stays causal.
+    attended = probabilities.ne(0).any(1) | torch.eye(n, dtype=torch.bool, device=probabilities.device)
+    return normalised_rows(contributions * attended, attention_mask)
 
 
 def _distances(
@@ -152,7 +155,8 @@ def _compiled_distances(
     probabilities: Tensor, projected: Tensor, inputs: Tensor, outputs: Tensor, scale: Tensor | None
 ) -> Tensor:
     """(B, n, n) :math:`\\lVert y_i - T_i(x_j) \rVert_1`, the same as :func:`_distances` on all rows,
-    in one compiled pass that never writes the (n, n, D) transformed vectors."""
+    in one compiled pass that never writes the (n, n, D) transformed vectors; pairs (i != j) that no
+    head attends are not computed and hold 0 (the caller sets their contribution to 0)."""
     batch, heads, n, size = projected.shape
     centred = scale is not None
     if scale is None:
@@ -182,7 +186,8 @@ def _compiled_distances(
 # runs at memory speed. Here each T_i(x_j) lives in one D-sized buffer in the L1 cache while its
 # distance is summed; the rows of a block share each token's projected values (H D numbers) while
 # they are in cache. The mean of T_i(x_j), which the linearised LayerNorm subtracts, is linear in
-# the heads: sum_h alpha^h_ij mean(f^h(x_j)) (+ mean(x_i)), with no pass over the buffer.
+# the heads: sum_h alpha^h_ij mean(f^h(x_j)) (+ mean(x_i)), with no pass over the buffer. Pairs no
+# head attends (above a causal diagonal, padding) are skipped: half the work of a decoder.
 _ROWS_PER_TASK = 16
 
 
@@ -199,6 +204,15 @@ def _distances_kernel(
         vector = np.empty(size, dtype=np.float32)
         for j in range(n):
             for i in range(first, last):
+                if i != j:
+                    attended = False
+                    for h in range(heads):
+                        if probabilities[b, h, i, j] != 0.0:
+                            attended = True
+                            break
+                    if not attended:  # masked (causal or padding): T_i(x_j) = 0, its contribution is set to 0
+                        out[b, i, j] = 0.0
+                        continue
                 vector[:] = 0.0
                 mean = np.float32(0.0)
                 for h in range(heads):

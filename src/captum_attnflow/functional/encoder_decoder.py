@@ -41,6 +41,7 @@ import numba
 import numpy as np
 import torch
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from captum_attnflow.functional.checks import (
     Attentions,
@@ -51,6 +52,7 @@ from captum_attnflow.functional.checks import (
     layer_indices,
 )
 from captum_attnflow.functional._maxflow import max_flows
+from captum_attnflow.functional.flow import _PROGRESS_WORK
 from captum_attnflow.functional.graph import add_residual, fuse_heads
 from captum_attnflow.functional.rollout import rollout
 
@@ -137,8 +139,8 @@ def encoder_decoder_raw_attention(
     Args:
         encoder_attentions: as in :func:`encoder_decoder_rollout`; checked, used for the
             source padding only.
-        decoder_attentions, cross_attentions, layer, head_fusion, attention_mask,
-        decoder_attention_mask: as in :func:`encoder_decoder_rollout`.
+        decoder_attentions, cross_attentions, layer, head_fusion, attention_mask, decoder_attention_mask:
+            as in :func:`encoder_decoder_rollout`.
         residual_alpha: :math:`\\alpha`, default 1.0.
 
     Returns:
@@ -176,6 +178,7 @@ def encoder_decoder_flow(
     head_fusion: str = "mean",
     attention_mask: Tensor | None = None,
     decoder_attention_mask: Tensor | None = None,
+    show_progress: bool | None = None,
 ) -> Tensor:
     """Attention flow over the joint graph: max flow from decoder nodes to every input token.
 
@@ -189,11 +192,13 @@ def encoder_decoder_flow(
     so values carry the same certificate.
 
     Args:
-        encoder_attentions, decoder_attentions, cross_attentions, layer, residual_alpha,
-        head_fusion, attention_mask, decoder_attention_mask: as in :func:`encoder_decoder_rollout`.
+        encoder_attentions, decoder_attentions, cross_attentions, layer, residual_alpha, head_fusion, attention_mask, decoder_attention_mask:
+            as in :func:`encoder_decoder_rollout`.
         sources: decoder positions to explain, an int or a sequence of S ints (negative count
             from m), the same for every example; None (default) for all m. A position on
             padding gets 0.
+        show_progress: a tqdm bar over the examples and layers; None (default) shows one only
+            for long computations.
 
     Returns:
         float32 (B, S, n_s + m) for one layer, (L_d, B, S, n_s + m) for ``layer=None``.
@@ -232,6 +237,10 @@ def encoder_decoder_flow(
     source_mask = graph.source_mask.cpu().numpy()
     target_mask = graph.target_mask.cpu().numpy()
     values = np.zeros((len(layers), batch, len(positions), n + m))
+    sizes = source_mask.sum(1) + target_mask.sum(1)
+    work = len(positions) * sum(int(size) ** 3 for size in sizes) * sum(index + 1 for index in layers)
+    show = work > _PROGRESS_WORK if show_progress is None else show_progress
+    bar = tqdm(total=batch * len(layers), desc="attention flow", unit="layer", disable=not show)
     for b in range(batch):
         keep_s = np.flatnonzero(source_mask[b])
         keep_t = np.flatnonzero(target_mask[b])
@@ -239,6 +248,7 @@ def encoder_decoder_flow(
         renumber[keep_t] = np.arange(keep_t.size)
         chosen = [a for a, p in enumerate(positions) if renumber[p] >= 0]
         if not chosen:
+            bar.update(len(layers))
             continue
         example_sources = renumber[[positions[a] for a in chosen]]
         for out, index in enumerate(layers):
@@ -249,11 +259,13 @@ def encoder_decoder_flow(
                 residual_alpha,
             )
             result, _ = max_flows(cap, example_sources, numba.get_num_threads())
+            bar.update()
             columns = np.concatenate([keep_s, n + keep_t])
             # the kernel's slots are the decoder positions first, then the source tokens
             values[out, b, np.asarray(chosen)[:, None], columns[None, :]] = np.concatenate(
                 [result[:, keep_t.size :], result[:, : keep_t.size]], 1
             )
+    bar.close()
     scores = torch.from_numpy(values).float().to(graph.cross.device)
     return scores[0] if layer is not None else scores
 

@@ -28,6 +28,7 @@ def raw_attention(
     head_fusion: str = "mean",
     attention_mask: Tensor | None = None,
     head: int | str | None = None,
+    show_progress: bool | None = None,
 ) -> Tensor:
     """Rows of the attention matrices: :math:`A_l[p, :]` for the explained positions :math:`p`.
 
@@ -49,6 +50,8 @@ def raw_attention(
         attention_mask: optional (B, n), 1 on real tokens, 0 on padding (weights 0 there,
             real rows renormalised over real tokens).
         head: {head}
+        show_progress: show a tqdm progress bar over the layers; None (default) shows one when
+            a streamed graph's layers take seconds to recompute.
 
     Returns:
         float32 (B, n) for one layer and one position per example; a leading layer axis for
@@ -70,7 +73,7 @@ def raw_attention(
     sources, has_axis = positions(position, graph.mask)
     layers = layer_indices(layer, graph.num_layers)
     if head is None:
-        scores = torch.stack([graph.rows(index, sources) for index in layers])  # (layers, B, S, n)
+        scores = torch.stack([graph.rows(index, sources) for index in graph.walk(layers, "raw attention", show_progress)])  # (layers, B, S, n)
     else:
         batch = torch.arange(sources.shape[0], device=sources.device)[:, None]
         heads = graph.heads[layers][:, :, head_indices(head, graph.heads.shape[2])]  # (layers, B, H', n, n)

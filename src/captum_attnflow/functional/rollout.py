@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from numba import njit
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from captum_attnflow.docstrings import fill_docstring
 from captum_attnflow.functional.checks import (
@@ -143,7 +144,7 @@ def rollout_rows(
     elif graph.is_streamed or graph.weights.device.type != "cpu" or graph.weights.requires_grad:
         scores = _propagate_rows(graph, sources, layers, show_progress)  # streamed: a layer at a time, top-down
     else:
-        scores = torch.from_numpy(_rows_compiled(graph.weights.numpy(), sources.numpy(), layers))
+        scores = torch.from_numpy(_rows_compiled(graph.weights.numpy(), sources.numpy(), layers, bool(show_progress)))
     return shape_result(scores, layer, has_axis, head)
 
 
@@ -193,11 +194,12 @@ def _propagate_rows(graph: AttentionGraph, sources: Tensor, layers: list[int], s
     return rows.reshape(batch, len(layers), count, n).permute(1, 0, 2, 3)
 
 
-def _rows_compiled(graph: np.ndarray, sources: np.ndarray, layers: list[int]) -> np.ndarray:
-    """:func:`_propagate_rows` for CPU arrays, one compiled call per source column: (len(layers), B, S, n)."""
+def _rows_compiled(graph: np.ndarray, sources: np.ndarray, layers: list[int], show_progress: bool) -> np.ndarray:
+    """:func:`_propagate_rows` for CPU arrays, one compiled call per source column: (len(layers), B, S, n).
+    Milliseconds of work: a progress bar over the columns only when asked for."""
     _, batch, n, _ = graph.shape
     rows = np.empty((len(layers), batch, sources.shape[1], n), dtype=np.float32)
-    for column in range(sources.shape[1]):
+    for column in tqdm(range(sources.shape[1]), desc="attention rollout", unit="position", disable=not show_progress):
         out = np.empty((len(layers), batch, n), dtype=np.float32)
         _propagate_rows_kernel(graph, np.ascontiguousarray(sources[:, column]), np.asarray(layers), out)
         rows[:, :, column] = out

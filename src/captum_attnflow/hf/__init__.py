@@ -18,7 +18,7 @@ from captum_attnflow.hf.inputs import (
 )
 from captum_attnflow.hf.models import check_device, hf_models, input_device, main_model, outermost, owning_module
 from captum_attnflow.hf.seq2seq import Seq2SeqAttentions, seq2seq_attentions, seq2seq_gradient_internals
-from captum_attnflow.hf.scores import ScoreForward, class_scores, input_embeddings, output_scores, target_scores, token_id
+from captum_attnflow.hf.scores import ScoreForward, class_scores, input_embeddings, output_scores, target_indices, target_scores, token_id
 from captum_attnflow.hf.state import eager_attention, exclusive, hooks_restored, implementation, model_call, unchanged
 
 __all__ = [
@@ -48,6 +48,7 @@ __all__ = [
     "owning_module",
     "seq2seq_attentions",
     "seq2seq_gradient_internals",
+    "target_indices",
     "target_scores",
     "token_id",
     "unchanged",

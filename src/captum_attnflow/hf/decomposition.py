@@ -95,10 +95,15 @@ def _blocks(
 
 
 def alti_maps(
-    forward_func: Callable[..., Any], inputs: Tensor, additional_forward_args: Any = None, attention_mask: Tensor | None = None
+    forward_func: Callable[..., Any],
+    inputs: Tensor,
+    additional_forward_args: Any = None,
+    attention_mask: Tensor | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> Tensor:
     """ALTI's contributions of every layer, (L, B, n, n) in the inputs' token order
-    (:func:`~captum_attnflow.functional.decomposition.alti_contributions`)."""
+    (:func:`~captum_attnflow.functional.decomposition.alti_contributions`); ``progress(1)`` is
+    called after each layer."""
     architecture, blocks, mask, internals = _blocks(forward_func, inputs, additional_forward_args, attention_mask, "ALTI")
     maps = []
     with torch.no_grad():
@@ -109,25 +114,31 @@ def alti_maps(
                 weights.norm,
             )
             maps.append(contributions.to(mask.device))
+            if progress is not None:
+                progress(1)
     return internals.in_inputs_order(torch.stack(maps))
 
 
 def attention_norm_maps(
-    forward_func: Callable[..., Any], inputs: Tensor, additional_forward_args: Any = None, attention_mask: Tensor | None = None
+    forward_func: Callable[..., Any],
+    inputs: Tensor,
+    additional_forward_args: Any = None,
+    attention_mask: Tensor | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> Tensor:
     """Kobayashi et al.'s :math:`\\lVert \\sum_h \\alpha^h_{ij} f^h(x_j) \\rVert` of every layer, (L, B, n, n)
-    in the inputs' token order (:func:`~captum_attnflow.functional.decomposition.attention_norms`)."""
+    in the inputs' token order (:func:`~captum_attnflow.functional.decomposition.attention_norms`);
+    ``progress(1)`` is called after each layer."""
     architecture, blocks, mask, internals = _blocks(
         forward_func, inputs, additional_forward_args, attention_mask, "AttentionNorm"
     )
+    maps = []
     with torch.no_grad():
-        maps = [
-            decomposition.attention_norms(
-                block.probabilities, block.values, _weights(forward_func, architecture, block.module).output_weight,
-                block.mask,
-            ).to(mask.device)
-            for block in blocks
-        ]
+        for block in blocks:
+            weight = _weights(forward_func, architecture, block.module).output_weight
+            maps.append(decomposition.attention_norms(block.probabilities, block.values, weight, block.mask).to(mask.device))
+            if progress is not None:
+                progress(1)
     return internals.in_inputs_order(torch.stack(maps))
 
 

@@ -40,6 +40,56 @@ def check_softmax_applies(scores: Tensor) -> None:
         )
 
 
+def target_indices(
+    target: Any, batch: int, device: Any = None, per_position: int | None = None, name: str = "target"
+) -> Tensor:
+    """``target`` as integer indices, checked the way Captum checks it: an int (or 0-d tensor)
+    is the same index for every example; a list or 1-D tensor gives one per example and must
+    have B entries; with ``per_position=S``, a (B, S) list or tensor gives one per example and
+    explained position.
+
+    Args:
+        target: the user's target (not None).
+        batch: B, the number of examples.
+        device: where the indices go.
+        per_position: S, the explained positions, when a (B, S) target is accepted; else None.
+        name: the argument's name in error messages (``"contrast"`` for a contrast).
+
+    Returns:
+        Tensor: integer indices of shape (), (B,) or (B, S), not yet checked against the range.
+
+    Raises:
+        TypeError: a target that is not integer indices (text, bools, floats, too many axes).
+        ValueError: a list or tensor with a length other than B (or a shape other than (B, S)).
+
+    Example::
+
+        >>> from captum_attnflow.hf.scores import target_indices
+        >>> target_indices([1, 0], batch=2).tolist()
+        [1, 0]
+        >>> target_indices([0], batch=2)
+        Traceback (most recent call last):
+        ...
+        ValueError: target has 1 entries for B = 2 examples: give one per example, or one int for all (target=0).
+    """
+    dims = 1 if per_position is None else 2
+    if isinstance(target, (str, bool)):
+        raise TypeError(f"{name} must be integer indices (an int, a list or a tensor), got {target!r}.")
+    indices = torch.as_tensor(target, device=device)
+    if indices.dtype.is_floating_point or indices.dtype.is_complex or indices.dtype == torch.bool or indices.dim() > dims:
+        shapes = "one, or one per example (B,)" + (", or per example and position (B, S)" if dims == 2 else "")
+        raise TypeError(f"{name} must be integer indices: {shapes}; got {target!r}.")
+    if indices.dim() == 1 and indices.numel() != batch:
+        example = f" ({name}={indices[0].item()})" if indices.numel() else ""
+        raise ValueError(
+            f"{name} has {indices.numel()} entries for B = {batch} examples: give one per example, "
+            f"or one int for all{example}."
+        )
+    if indices.dim() == 2 and tuple(indices.shape) != (batch, per_position):
+        raise ValueError(f"{name} as (B, S) must have shape ({batch}, {per_position}), got {tuple(indices.shape)}.")
+    return indices
+
+
 class ScoreForward:
     """``forward(inputs, attention_mask, *args) -> (B, C)`` for Captum, logits or probabilities.
 
@@ -86,7 +136,7 @@ class ScoreForward:
     def target(self, inputs: Tensor, extra_args: tuple, target: Any) -> Any:
         """Captum's ``target``, checked: None means each example's predicted class (argmax of
         the scores); an int, a list or a (B,) tensor of class indices must be in range."""
-        if isinstance(target, (str, bool)):
+        if isinstance(target, str):
             raise TypeError(
                 f"target must be a class index (int, list or (B,) tensor), got {target!r}; "
                 "map a label name with model.config.label2id[name]."
@@ -94,17 +144,35 @@ class ScoreForward:
         if target is None:
             with torch.no_grad():
                 return self(inputs, *extra_args).argmax(-1)
-        indices = torch.as_tensor(target)
-        if indices.dtype.is_floating_point or indices.dtype == torch.bool or indices.dim() > 1:
-            raise TypeError(f"target must be integer class indices, one or (B,), got {target!r}.")
-        if indices.dim() == 1 and indices.numel() not in (1, inputs.shape[0]):
-            raise ValueError(f"target must give one class per example (B = {inputs.shape[0]}) or one for all, got {indices.numel()}.")
+        indices = target_indices(target, inputs.shape[0])
         classes = self._num_classes(inputs, extra_args)
         if bool(((indices < 0) | (indices >= classes)).any()):
             raise ValueError(
                 f"target {indices.tolist()} is out of range: the model scores C = {classes} classes, 0..{classes - 1}."
             )
         return target
+
+    def contrastive(self, inputs: Tensor, extra_args: tuple, contrast: Any) -> tuple[Callable[..., Tensor], tuple]:
+        """Captum's forward function and ``additional_forward_args`` for ``contrast``: ``(self,
+        extra_args)`` for None; else a forward returning each row's scores minus its contrast
+        class's score, so that Captum's ``target`` selects :math:`y_t - y_c` (Yin & Neubig,
+        EMNLP 2022). The (B,) contrast classes travel in the arguments (after the mask), which
+        Captum expands together with the inputs for its perturbations and integration steps.
+
+        Example::
+
+            >>> import torch
+            >>> forward = ScoreForward(lambda ids, attention_mask=None: ids.float())
+            >>> ids = torch.tensor([[1, 4, 2]])
+            >>> contrasted, args = forward.contrastive(ids, (torch.ones_like(ids),), 2)
+            >>> contrasted(ids, *args)
+            tensor([[-1.,  2.,  0.]])
+        """
+        if contrast is None:
+            return self, extra_args
+        indices = torch.as_tensor(self.target(inputs, extra_args, contrast), device=inputs.device)
+        indices = indices.reshape(-1).expand(inputs.shape[0]).contiguous()
+        return _Contrasted(self), (extra_args[0], indices, *extra_args[1:])
 
     def _num_classes(self, inputs: Tensor, extra_args: tuple) -> int:
         """C: ``config.num_labels`` of a Hugging Face model (one returning (B, C) logits is a
@@ -115,6 +183,17 @@ class ScoreForward:
         first = tuple(arg[:1] if isinstance(arg, Tensor) and arg.shape[:1] == inputs.shape[:1] else arg for arg in extra_args)
         with torch.no_grad():
             return self(inputs[:1], *first).shape[-1]
+
+
+class _Contrasted:
+    """``forward(inputs, mask, contrast (B,), *args)``: the scores minus each row's contrast column."""
+
+    def __init__(self, scores: ScoreForward) -> None:
+        self.scores = scores
+
+    def __call__(self, inputs: Tensor, attention_mask: Tensor, contrast: Tensor, *args: Any) -> Tensor:
+        scores = self.scores(inputs, attention_mask, *args)
+        return scores - scores.gather(-1, contrast.to(scores.device)[:, None])
 
 
 def input_embeddings(forward_func: Any) -> nn.Module:
@@ -164,7 +243,7 @@ def output_scores(output: Any) -> Any:
     return scores
 
 
-def target_scores(output: Any, target: Any, positions: Tensor) -> Tensor:
+def target_scores(output: Any, target: Any, positions: Tensor, contrast: Any = None) -> Tensor:
     """(B, S) the scalars a gradient-based method explains, from a model's ``output`` (in autograd).
 
     * (B, C) class scores (a classifier's ``logits``): the score of class ``target`` (an int,
@@ -175,14 +254,26 @@ def target_scores(output: Any, target: Any, positions: Tensor) -> Tensor:
       None: the token predicted there);
     * (B,) scores (any scalar of a forward function): those, ``target`` must be None.
 
+    With a ``contrast`` (the same forms as ``target``) the explained scalar is contrastive
+    (Yin & Neubig, EMNLP 2022): :math:`y_t - y_c`, why the model scores ``target`` *rather
+    than* ``contrast``. Every method selecting its score here takes ``contrast=``.
+
     Args:
         output: the model's output (``.logits``, a tensor, or a tuple whose first item is one).
         target: as above.
         positions: (B, S) the explained positions (rows of the token logits).
+        contrast: None (default), or indices as ``target`` whose scores are subtracted.
 
     Raises:
-        TypeError: a non-integer target.
-        ValueError: a target out of range, of the wrong shape, or given for (B,) scores.
+        TypeError: a non-integer target or contrast.
+        ValueError: a target or contrast out of range, of the wrong shape, or given for (B,) scores.
+
+    Example::
+
+        >>> import torch
+        >>> logits = torch.tensor([[1.0, 4.0, 2.0]])
+        >>> target_scores(logits, 1, torch.zeros(1, 1, dtype=torch.long), contrast=2)
+        tensor([[2.]])
     """
     scores = output_scores(output)
     if not isinstance(scores, Tensor) or scores.dim() not in (1, 2, 3):
@@ -193,30 +284,29 @@ def target_scores(output: Any, target: Any, positions: Tensor) -> Tensor:
         )
     batch, count = positions.shape
     if scores.dim() == 1:
-        if target is not None:
-            raise ValueError("the model returns one score per example (B,): there is nothing to select, pass target=None.")
+        for name, value in (("target", target), ("contrast", contrast)):
+            if value is not None:
+                raise ValueError(f"the model returns one score per example (B,): there is nothing to select, pass {name}=None.")
         return scores[:, None].expand(batch, count)
     kind = "tokens" if scores.dim() == 3 else "classes"
     if scores.dim() == 3:
         scores = scores[torch.arange(batch, device=scores.device)[:, None], positions.to(scores.device)]  # (B, S, V)
     else:
         scores = scores[:, None].expand(batch, count, scores.shape[-1])
-    if target is None:
-        indices = scores.detach().argmax(-1)
-    else:
-        if isinstance(target, (str, bool)):
-            raise TypeError(f"target must be integer indices (int, list or tensor), got {target!r}.")
-        indices = torch.as_tensor(target, device=scores.device)
-        if indices.dtype.is_floating_point or indices.dtype == torch.bool or indices.dim() > 2:
-            raise TypeError(f"target must be integer indices: one, (B,) or (B, S); got {target!r}.")
-        if indices.dim() == 1 and indices.numel() not in (1, batch):
-            raise ValueError(f"target must give one index per example (B = {batch}) or one for all, got {indices.numel()}.")
-        if indices.dim() == 2 and tuple(indices.shape) != (batch, count):
-            raise ValueError(f"target as (B, S) must have shape ({batch}, {count}), got {tuple(indices.shape)}.")
-        if bool(((indices < 0) | (indices >= scores.shape[-1])).any()):
-            raise ValueError(
-                f"target {indices.tolist()} is out of range: the model scores {scores.shape[-1]} "
-                f"{kind}, 0..{scores.shape[-1] - 1}."
-            )
-        indices = (indices.reshape(-1, 1) if indices.dim() < 2 else indices).expand(batch, count)
-    return scores.gather(-1, indices[..., None]).squeeze(-1)
+    indices = scores.detach().argmax(-1) if target is None else _indices(target, scores, kind, "target")
+    selected = scores.gather(-1, indices[..., None]).squeeze(-1)
+    if contrast is None:
+        return selected
+    return selected - scores.gather(-1, _indices(contrast, scores, kind, "contrast")[..., None]).squeeze(-1)
+
+
+def _indices(target: Any, scores: Tensor, kind: str, name: str) -> Tensor:
+    """(B, S) checked indices into the last axis of (B, S, C) ``scores`` from one index, (B,) or (B, S)."""
+    batch, count = scores.shape[:2]
+    indices = target_indices(target, batch, scores.device, per_position=count, name=name)
+    if bool(((indices < 0) | (indices >= scores.shape[-1])).any()):
+        raise ValueError(
+            f"{name} {indices.tolist()} is out of range: the model scores {scores.shape[-1]} "
+            f"{kind}, 0..{scores.shape[-1] - 1}."
+        )
+    return (indices.reshape(-1, 1) if indices.dim() < 2 else indices).expand(batch, count)
