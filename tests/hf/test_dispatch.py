@@ -10,6 +10,7 @@ weights are empty ``meta`` tensors. A two-GPU map runs in ``tests/test_gpu.py``.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import transformers
@@ -220,3 +221,26 @@ def test_quantized_output_projections_are_refused():
     model.layers[0].self_attn.o_proj = Int8Linear(model.layers[0].self_attn.o_proj)
     with pytest.raises(ValueError, match="holds torch.int8 weights .a quantized model.*Load the model unquantized"):
         ALTI(model).attribute(torch.tensor([[5, 6, 7]]))
+
+
+@pytest.mark.parametrize("models", ["llama"], indirect=True)
+def test_benchmark_on_an_offloaded_language_model(models, tokenizer):
+    datasets = pytest.importorskip("datasets")
+    from captum_attnflow.benchmark import run_benchmark
+    from captum_attnflow.benchmark_user_data import Columns
+
+    _, model, dispatched = models
+    rows = datasets.Dataset.from_dict({"prompt": ["the keys to the cabinet", "the dog near the doors"], "target": ["are", "is"]})
+
+    def leaderboard(model: torch.nn.Module) -> dict:
+        return run_benchmark(
+            model=model, tokenizer=tokenizer, dataset=rows, columns=Columns(target="target"), methods=["random"],
+            n_resamples=9, show_progress=False,
+        ).leaderboard.values
+
+    # The benchmark's own path (rows, targets, deleting tokens, the metrics) on the offloaded
+    # model, with its seeded floor: the methods on this model are tested above.
+    expected, ours = leaderboard(model), leaderboard(dispatched["disk"])
+    assert ours.keys() == expected.keys() and len(expected) >= 4
+    for key, values in expected.items():
+        np.testing.assert_allclose(ours[key], values, rtol=1e-5, atol=1e-6, err_msg=str(key))
