@@ -15,7 +15,7 @@ import torch
 import transformers
 
 from helpers import FirstTokenClassifier, make_classifier, padded_batch
-from captum_attnflow import AttentionFlow, AttentionRollout, RawAttention
+from captum_attnflow import AttentionFlow, AttentionRollout, AttnLRP, RawAttention
 from captum_attnflow.baselines import BlankOut, TokenInputXGradient, TokenIntegratedGradients, TokenSaliency
 from captum_attnflow.evaluate import aopc_comprehensiveness
 from helpers import CONFIGS, make_tiny_model
@@ -31,6 +31,7 @@ GRADIENT_METHODS = {
     "saliency": TokenSaliency,
     "input x gradient": TokenInputXGradient,
     "integrated gradients": TokenIntegratedGradients,
+    "attnlrp": AttnLRP,
 }
 
 

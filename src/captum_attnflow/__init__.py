@@ -15,6 +15,7 @@ _EXPORTS = {
     "ALTI": "captum_attnflow.attr",
     "AttentionFlow": "captum_attnflow.attr",
     "AttentionNorm": "captum_attnflow.attr",
+    "AttnLRP": "captum_attnflow.attr",
     "GradientWeightedRollout": "captum_attnflow.attr",
     "ValueZeroing": "captum_attnflow.attr",
     "AttentionRollout": "captum_attnflow.attr",

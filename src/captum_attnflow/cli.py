@@ -47,6 +47,7 @@ VALUE_LABELS = {
     "norm": "norm of weighted values",
     "saliency": "gradient norm",
     "blankout": "drop in probability",
+    "attnlrp": "relevance (AttnLRP)",
 }
 
 
@@ -537,7 +538,7 @@ def _add_generate(commands: Any) -> None:
         "difference of their logits; needs --method gradient_rollout (the default then)",
     )
     generate.add_argument(
-        "--method", choices=attention_methods(), default=None,
+        "--method", choices=(*attention_methods(), "attnlrp"), default=None,
         help="attribution method (default: rollout; gradient_rollout with --contrast)",
     )
     generate.add_argument(

@@ -13,7 +13,7 @@ Example::
     >>> attention_methods()
     ('raw', 'rollout', 'flow', 'gradient_rollout', 'value_zeroing', 'alti', 'norm')
     >>> paper_methods(), [method.title for method in METHODS.values() if not method.per_layer]
-    (('raw', 'rollout', 'flow'), ['input gradients', 'blank-out'])
+    (('raw', 'rollout', 'flow'), ['input gradients', 'blank-out', 'AttnLRP'])
     >>> model, tokenizer = load_agreement_model()
     >>> ids = tokenizer(["the keys to the cabinet"], return_tensors="pt")["input_ids"]
     >>> METHODS["rollout"].build(model, tokenizer).attribute(ids, layer=None).shape  # (L, B, n)
@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 from captum_attnflow.attr import (
     ALTI,
+    AttnLRP,
     AttentionFlow,
     AttentionNorm,
     AttentionRollout,
@@ -83,6 +84,7 @@ METHODS: dict[str, Method] = {
         Method("norm", "attention norm", True, lambda model, tokenizer: AttentionNorm(model)),
         Method("saliency", "input gradients", False, lambda model, tokenizer: TokenSaliency(model), class_specific=True),
         Method("blankout", "blank-out", False, _blank_out, class_specific=True),
+        Method("attnlrp", "AttnLRP", False, lambda model, tokenizer: AttnLRP(model), class_specific=True),
     )
 }
 

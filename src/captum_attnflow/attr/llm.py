@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from captum_attnflow.attr.alti import ALTI
 from captum_attnflow.attr.attention_norm import AttentionNorm
+from captum_attnflow.attr.attnlrp import AttnLRP
 from captum_attnflow.attr.flow import AttentionFlow
 from captum_attnflow.attr.gradient_rollout import GradientWeightedRollout
 from captum_attnflow.attr.raw_attention import RawAttention
@@ -93,6 +94,8 @@ class LLMAttentionAttribution(Attribution):
       gradient of its own logit at the position that writes it (all positions from one forward
       pass and batched backward passes); on an encoder-decoder with Chefer et al.'s co-attention
       rules (:meth:`~captum_attnflow.GradientWeightedRollout.encoder_decoder_rows`).
+      :class:`~captum_attnflow.AttnLRP` does the same on decoder-only models (one backward pass per
+      output token, its relevance not normalised).
       :class:`~captum_attnflow.ValueZeroing`, :class:`~captum_attnflow.ALTI` and
       :class:`~captum_attnflow.AttentionNorm` explain decoder-only models of the architecture table.
 
@@ -100,8 +103,8 @@ class LLMAttentionAttribution(Attribution):
         attr_method: a :class:`~captum_attnflow.RawAttention`,
             :class:`~captum_attnflow.AttentionRollout`, :class:`~captum_attnflow.AttentionFlow`,
             :class:`~captum_attnflow.GradientWeightedRollout`, :class:`~captum_attnflow.ValueZeroing`,
-            :class:`~captum_attnflow.ALTI` or :class:`~captum_attnflow.AttentionNorm` built on the
-            Hugging Face model itself.
+            :class:`~captum_attnflow.ALTI`, :class:`~captum_attnflow.AttentionNorm` or
+            :class:`~captum_attnflow.AttnLRP` built on the Hugging Face model itself.
         tokenizer: the model's tokenizer.
 
     Raises:
@@ -110,6 +113,7 @@ class LLMAttentionAttribution(Attribution):
 
     SUPPORTED_METHODS = (
         RawAttention, AttentionRollout, AttentionFlow, GradientWeightedRollout, ValueZeroing, ALTI, AttentionNorm,
+        AttnLRP,
     )
 
     def __init__(self, attr_method: Attribution, tokenizer: Any) -> None:
@@ -170,8 +174,8 @@ class LLMAttentionAttribution(Attribution):
                 model (both give the same scores); None uses the tokenizer's. Encoder-decoders
                 pad the source on the right.
             contrast_target: a contrastive explanation (Yin & Neubig, EMNLP 2022; inseq's
-                ``contrast_targets``) with :class:`~captum_attnflow.GradientWeightedRollout` on
-                a decoder-only model: output token :math:`t` is explained by the gradient of
+                ``contrast_targets``) with :class:`~captum_attnflow.GradientWeightedRollout` or
+                :class:`~captum_attnflow.AttnLRP` on a decoder-only model: output token :math:`t` is explained by the gradient of
                 its logit minus the logit of contrast token :math:`t` at the same position,
                 why the model wrote ``"are"`` rather than ``"is"``. A string or token ids as
                 ``target`` (a list, one per prompt); as many tokens as a given target, and a
@@ -352,9 +356,9 @@ class LLMAttentionAttribution(Attribution):
         self, prompts: list[Tensor], outputs: list[Tensor], targets: list, contrasts: list, device: torch.device
     ) -> tuple[list[Tensor], list[Tensor]]:
         """The outputs (generated ones cut to their contrast's length) and the contrast token ids."""
-        if not isinstance(self.attr_method, GradientWeightedRollout) or self.encoder_decoder:
+        if not isinstance(self.attr_method, (GradientWeightedRollout, AttnLRP)) or self.encoder_decoder:
             raise TypeError(
-                "contrast_target explains the difference of two logits by its gradient: wrap GradientWeightedRollout "
+                "contrast_target explains the difference of two logits by its gradient: wrap GradientWeightedRollout or AttnLRP "
                 f"built on a decoder-only model, got {type(self.attr_method).__name__}"
                 + (" on an encoder-decoder." if self.encoder_decoder else ".")
             )
@@ -392,7 +396,7 @@ class LLMAttentionAttribution(Attribution):
             method = type(self.attr_method)(lambda _inputs: attentions)
         else:  # methods that read gradients or the model's internals run the model themselves, once
             method = self.attr_method
-            if isinstance(method, GradientWeightedRollout):  # each position explains the token it writes
+            if isinstance(method, (GradientWeightedRollout, AttnLRP)):  # each position explains the token it writes
                 kwargs = {"target": ids.gather(1, position + 1), **kwargs}
                 if kwargs.get("contrast") is not None:  # the contrast token at the same place, (B, max n_out)
                     contrast, _, _ = _pad(kwargs["contrast"], 0, "right")
