@@ -20,6 +20,7 @@ from captum_attnflow import (
     AttentionFlow,
     AttentionNorm,
     AttentionRollout,
+    AttnLRP,
     GradientWeightedRollout,
     LLMAttentionAttribution,
     RawAttention,
@@ -35,7 +36,8 @@ from helpers import CONFIGS, padded_batch
 
 accelerate = pytest.importorskip("accelerate")
 
-METHODS = [RawAttention, AttentionRollout, AttentionFlow, GradientWeightedRollout, ALTI, AttentionNorm, ValueZeroing]
+METHODS = [RawAttention, AttentionRollout, AttentionFlow, GradientWeightedRollout, ALTI, AttentionNorm, ValueZeroing, AttnLRP]
+EXPLAINING_A_SCORE = (GradientWeightedRollout, AttnLRP)
 # Modules of each model and where the device map puts them: the first modules of GPT-2 (its
 # position embedding) and Llama (its token embedding) on disk, so the inputs meet an offloaded module first.
 DEVICE_MAPS = {
@@ -104,10 +106,10 @@ def test_every_method_gives_the_single_device_result(models, side):
         ids, mask = left_padded(ids, mask)
         last = torch.full_like(last, ids.shape[1] - 1)
     for method in METHODS:
-        options = {"target": 7, "position": last} if method is GradientWeightedRollout else {"position": last}
+        options = {"target": 7, "position": last} if method in EXPLAINING_A_SCORE else {"position": last}
         expected = method(model).attribute(ids, attention_mask=mask, layer=None, **options)
         # CPU offload: the methods that read weights, and one reading gradients
-        layouts = dispatched if method in (ALTI, AttentionNorm, ValueZeroing, GradientWeightedRollout) else ["disk"]
+        layouts = dispatched if method in (ALTI, AttentionNorm, ValueZeroing, *EXPLAINING_A_SCORE) else ["disk"]
         for layout in layouts:
             offloaded = dispatched[layout]
             before = offload_state(offloaded)
@@ -133,7 +135,7 @@ def test_a_forward_that_raises_leaves_the_weights_offloaded(models):
     forward = leaf._old_forward
     leaf._old_forward = lambda *args, **kwargs: (_ for _ in ()).throw(RuntimeError("out of memory"))
     try:
-        for method in (ALTI, GradientWeightedRollout):
+        for method in (ALTI, GradientWeightedRollout, AttnLRP):
             with pytest.raises(RuntimeError, match="out of memory"):
                 method(offloaded).attribute(ids, attention_mask=mask, target=1)
             assert offload_state(offloaded) == before
