@@ -16,6 +16,8 @@ _EXPORTS = {
     "AttentionFlow": "captum_attnflow.attr",
     "AttentionNorm": "captum_attnflow.attr",
     "AttnLRP": "captum_attnflow.attr",
+    "ExplanationResult": "captum_attnflow.explanation",
+    "aggregate_words": "captum_attnflow.words",
     "GradientWeightedRollout": "captum_attnflow.attr",
     "ValueZeroing": "captum_attnflow.attr",
     "AttentionRollout": "captum_attnflow.attr",

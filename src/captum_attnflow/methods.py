@@ -54,6 +54,9 @@ class Method:
             paper's three, which also give per-head results, ``head=``); False for those reading
             gradients or the model's internals, which need the model itself.
         class_specific: True when ``target`` chooses what is explained (gradients, blank-out).
+        display: keyword arguments of ``attribute`` for maps shown to a person (``explain``,
+            ``figures``, the HTML view), as ``(name, value)`` pairs: gradient-weighted rollout
+            shows the row of R - I, its explained token's own 1 removed.
     """
 
     name: str
@@ -62,6 +65,7 @@ class Method:
     build: Callable[[Any, Any], Any]
     from_attentions: bool = False
     class_specific: bool = False
+    display: tuple = ()
 
 
 def _blank_out(model: Any, tokenizer: Any) -> BlankOut:
@@ -78,6 +82,7 @@ METHODS: dict[str, Method] = {
         Method(
             "gradient_rollout", "gradient-weighted rollout", True,
             lambda model, tokenizer: GradientWeightedRollout(model), class_specific=True,
+            display=(("remove_identity", True),),
         ),
         Method("value_zeroing", "value zeroing", True, lambda model, tokenizer: ValueZeroing(model)),
         Method("alti", "ALTI", True, lambda model, tokenizer: ALTI(model)),

@@ -8,7 +8,7 @@ import torch
 from captum.attr import GradientAttribution
 from torch import Tensor
 
-from captum_attnflow.attr._base import AttentionAttribution
+from captum_attnflow.attr._base import _PROGRESS_DOC, AttentionAttribution, progress_bar
 from captum_attnflow.attr.gradient_rollout import _TARGET_DOC
 from captum_attnflow.docstrings import fill_docstring
 from captum_attnflow.functional.checks import POSITION_DOC, as_mask, default_position, positions
@@ -31,8 +31,7 @@ _ARGS_DOC += _TARGET_DOC + """
             layer: accepted for the common call of the attention methods: AttnLRP explains
                 the model's output, so only -1 (the last layer) or None is accepted.
             attention_mask (Tensor, optional): (B, n), 1 on real tokens, 0 on padding (either
-                side); padding gets relevance 0. Passed to a Hugging Face model as ``attention_mask``.
-"""
+                side); padding gets relevance 0. Passed to a Hugging Face model as ``attention_mask``.""" + _PROGRESS_DOC + "\n"
 
 
 class AttnLRP(AttentionAttribution, GradientAttribution):
@@ -97,6 +96,7 @@ class AttnLRP(AttentionAttribution, GradientAttribution):
         layer: int | None = -1,
         attention_mask: Tensor | None = None,
         contrast: Any = None,
+        show_progress: bool | None = None,
     ) -> Tensor:
         """AttnLRP relevance of every input token for the score ``target`` (minus ``contrast``'s).
 {args}
@@ -129,7 +129,11 @@ class AttnLRP(AttentionAttribution, GradientAttribution):
         count = sources.shape[1] if output_scores(run.output).dim() == 3 else 1
         with torch.enable_grad():  # scores selected in the graph also under a caller's torch.no_grad()
             scores = target_scores(run.output, target, run.run_positions(sources), contrast)  # (B, S)
-            rows = [run.relevance(scores[:, s], retain_graph=s < count - 1) for s in range(count)]
+            rows = []
+            with progress_bar(show_progress, inputs, "AttnLRP", "backward", count) as bar:
+                for s in range(count):
+                    rows.append(run.relevance(scores[:, s], retain_graph=s < count - 1))
+                    bar.update()
         result = torch.stack(rows, 1).expand(batch, sources.shape[1], n) * mask[:, None]
         result = result.to(torch.promote_types(result.dtype, torch.float32))
         return (result if has_axis else result[:, 0]).to(inputs.device)

@@ -7,7 +7,7 @@ import inspect
 from typing import Any, Iterator, Sequence
 
 import torch
-from captum.attr import Attribution, LLMAttributionResult, TextTokenInput
+from captum.attr import Attribution, TextTokenInput
 from torch import Tensor, nn
 
 from captum_attnflow.attr.alti import ALTI
@@ -15,6 +15,7 @@ from captum_attnflow.attr.attention_norm import AttentionNorm
 from captum_attnflow.attr.attnlrp import AttnLRP
 from captum_attnflow.attr.flow import AttentionFlow
 from captum_attnflow.attr.gradient_rollout import GradientWeightedRollout
+from captum_attnflow.attr.llm_result import LLMAttentionAttributionResult
 from captum_attnflow.attr.raw_attention import RawAttention
 from captum_attnflow.attr.rollout import AttentionRollout
 from captum_attnflow.attr.value_zeroing import ValueZeroing
@@ -36,42 +37,6 @@ _JOINT_GRAPH = {
     AttentionRollout: encoder_decoder_rollout,
     AttentionFlow: encoder_decoder_flow,
 }
-
-
-class LLMAttentionAttributionResult(LLMAttributionResult):
-    """Captum's :class:`~captum.attr.LLMAttributionResult` with the shares that fall outside the prompt.
-
-    ``token_attr`` (n_out, n_in), ``seq_attr`` (n_in), ``input_tokens``, ``output_tokens``,
-    ``plot_token_attr()`` and ``plot_seq_attr()`` are Captum's. Added:
-
-    Attributes:
-        output_attr: (n_out, n_out), ``[t, k]`` the score of output token ``k`` (as an input
-            of later positions) for the position that predicts output token ``t``; 0 for
-            ``k >= t``, which that position cannot see.
-        sink_attr: (n_out,), the score of the first prompt token (BOS, or the first word when
-            the tokenizer adds none), also when ``drop_sink=True`` leaves it out of ``token_attr``.
-        decoder_start_attr: (n_out,) for an encoder-decoder, the score of the decoder's start
-            token; None for a decoder-only model.
-    """
-
-    def __init__(
-        self,
-        *,
-        input_tokens: list[str],
-        output_tokens: list[str],
-        seq_attr: Tensor,
-        token_attr: Tensor,
-        output_attr: Tensor,
-        sink_attr: Tensor,
-        decoder_start_attr: Tensor | None = None,
-        inp: Any = None,
-    ) -> None:
-        super().__init__(
-            input_tokens=input_tokens, output_tokens=output_tokens, seq_attr=seq_attr, token_attr=token_attr, inp=inp
-        )
-        self.output_attr = output_attr
-        self.sink_attr = sink_attr
-        self.decoder_start_attr = decoder_start_attr
 
 
 class LLMAttentionAttribution(Attribution):
@@ -483,6 +448,8 @@ class LLMAttentionAttribution(Attribution):
             sink_attr=prompt_rows[:, 0].clone(),
             decoder_start_attr=decoder_start,
             inp=text,
+            method=type(self.attr_method).__name__,
+            model_name=str(getattr(getattr(self.model, "config", None), "name_or_path", "") or ""),
         )
 
 
