@@ -12,12 +12,13 @@ import copy
 
 import pytest
 import torch
+import transformers
 
 from helpers import FirstTokenClassifier, make_classifier, padded_batch
 from captum_attnflow import AttentionFlow, AttentionRollout, AttnLRP, RawAttention
 from captum_attnflow.baselines import BlankOut, TokenInputXGradient, TokenIntegratedGradients, TokenSaliency
 from captum_attnflow.evaluate import aopc_comprehensiveness
-from helpers import make_tiny_model
+from helpers import CONFIGS, make_tiny_model
 
 pytestmark = [
     pytest.mark.gpu,
@@ -102,3 +103,53 @@ def test_aopc_agrees():
 
     on_cpu, on_gpu = on_cpu_and_gpu(model, attribute)
     torch.testing.assert_close(on_gpu, on_cpu, atol=1e-5, rtol=1e-4)
+
+
+# A device map over two devices: the GPUs 0 and 1 (or GPU 0 twice when only one is lent), one
+# block offloaded to the CPU and one to disk (both run on GPU 0, their weights moved in by
+# accelerate's hooks at each forward).
+TWO_DEVICES = [0, 1] if torch.cuda.device_count() > 1 else [0, 0]
+FIRST_GPU = torch.device("cuda", 0)
+OFFLOADED = {"gpt2": ("transformer.h.1.", "transformer.h.2."), "llama": ("model.layers.1.", "model.layers.2.")}
+
+
+def two_device_map(arch: str, devices: list) -> dict:
+    if arch == "gpt2":
+        return {"transformer.wte": devices[0], "transformer.wpe": devices[0], "transformer.drop": devices[0],
+                "transformer.h.0": devices[1], "transformer.h.1": "cpu", "transformer.h.2": "disk",
+                "transformer.ln_f": devices[1], "lm_head": devices[0]}
+    return {"model.embed_tokens": devices[0], "model.rotary_emb": devices[0], "model.layers.0": devices[1],
+            "model.layers.1": "cpu", "model.layers.2": "disk", "model.norm": devices[1], "lm_head": devices[1]}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_every_method_on_a_model_dispatched_over_two_devices(arch, dtype, tmp_path):
+    from captum_attnflow import ALTI, AttentionNorm, AttnLRP, GradientWeightedRollout, ValueZeroing
+    from captum_attnflow.hf import input_device
+
+    torch.manual_seed(0)
+    config = CONFIGS[arch]()
+    config.initializer_range = 0.2
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    model.save_pretrained(tmp_path)
+    dispatched = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path, device_map=two_device_map(arch, TWO_DEVICES), offload_folder=tmp_path / "offload", dtype=dtype
+    ).eval()
+    assert input_device(dispatched) == FIRST_GPU
+    ids, mask = padded_batch(seed=5, batch=3, n=7)
+    last = mask.sum(1) - 1
+    for method in (RawAttention, AttentionRollout, AttentionFlow, GradientWeightedRollout, ALTI, AttentionNorm, ValueZeroing,
+                   AttnLRP):
+        options = {"target": 7} if method in (GradientWeightedRollout, AttnLRP) else {}
+        expected = method(model).attribute(ids, attention_mask=mask, position=last, layer=None, **options)
+        ours = method(dispatched).attribute(
+            ids.to(FIRST_GPU), attention_mask=mask.to(FIRST_GPU), position=last.to(FIRST_GPU), layer=None, **options
+        )
+        assert ours.device == FIRST_GPU and ours.dtype == torch.float32
+        if dtype == torch.float32:
+            torch.testing.assert_close(ours.cpu(), expected, atol=1e-5, rtol=1e-4, msg=method.__name__)
+        else:  # the half-precision distance of tests/attr/test_half_precision.py
+            assert float((ours.cpu() - expected).abs().max() / expected.abs().max()) < 5e-2, method.__name__
+    offloaded = [p.device.type for name, p in dispatched.named_parameters() if name.startswith(OFFLOADED[arch])]
+    assert offloaded and set(offloaded) == {"meta"}  # the offloaded blocks are offloaded again

@@ -139,13 +139,14 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         probabilities = internals.probabilities
         _check_self_attention(p.shape for p in probabilities)
         batch, _, n, _ = probabilities[0].shape
-        mask = as_mask(attention_mask, batch, n, probabilities[0].device)
+        # The maths runs on the inputs' device, where the layers of a dispatched model come together.
+        mask = as_mask(attention_mask, batch, n, inputs.device)
         if position is None:
             causal = all(not bool(p.detach().triu(1).any()) for p in probabilities)
             position = default_position(mask, causal)
         sources, has_axis = positions(position, mask)
         scores = target_scores(internals.output, target, internals.run_positions(sources), contrast)
-        attentions = [_in_order(internals, p.detach()) for p in probabilities]
+        attentions = [_in_order(internals, p.detach().to(inputs.device)) for p in probabilities]
         # A language model's positions each predict their own token: one gradient per position,
         # several at once (one batched backward per chunk); a classifier's score is one for all.
         count = sources.shape[1] if output_scores(internals.output).dim() == 3 else 1
@@ -154,7 +155,7 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         with progress_bar(show_progress, inputs, "gradient-weighted rollout", "backward", -(-count // chunk)) as bar:
             for start in range(0, count, chunk):
                 for explained, gradients in _gradients(scores, probabilities, start, min(count, start + chunk), count):
-                    gradients = [_in_order(internals, g) for g in gradients]
+                    gradients = [_in_order(internals, g.to(inputs.device)) for g in gradients]
                     rows.append(gradient_weighted_rollout(attentions, gradients, sources[:, explained], layer, mask))
                 bar.update()
         result = torch.cat(rows, -2)
@@ -183,7 +184,7 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         calls = capture.calls
         _check_self_attention((c.query.shape[0], c.query.shape[1], c.query.shape[2], c.key.shape[2]) for c in calls)
         batch, n = calls[0].query.shape[0], calls[0].query.shape[2]
-        device = calls[0].query.device
+        device = inputs.device  # where the layers of a dispatched model come together
         mask = as_mask(attention_mask, batch, n, device)
         if position is None:
             position = default_position(mask, capture.causal)
@@ -291,8 +292,8 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
             for position, gradients in _gradients(scores, probabilities, start, min(count, start + chunk), count):
                 pairs = {
                     kind: (
-                        [p.detach() for p, k in zip(probabilities, kinds) if k == kind],
-                        [g for g, k in zip(gradients, kinds) if k == kind],
+                        [p.detach().to(input_ids.device) for p, k in zip(probabilities, kinds) if k == kind],
+                        [g.to(input_ids.device) for g, k in zip(gradients, kinds) if k == kind],
                     )
                     for kind in ("encoder", "decoder", "cross")
                 }

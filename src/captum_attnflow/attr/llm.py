@@ -25,7 +25,7 @@ from captum_attnflow.functional.encoder_decoder import (
     encoder_decoder_raw_attention,
     encoder_decoder_rollout,
 )
-from captum_attnflow.hf import check_token_ids, seq2seq_attentions
+from captum_attnflow.hf import check_token_ids, input_device, seq2seq_attentions
 
 try:  # transformers is a dependency, but keep the import error readable
     from transformers import PreTrainedModel
@@ -212,7 +212,7 @@ class LLMAttentionAttribution(Attribution):
                 "an encoder attends to every source token, so leave it False for an encoder-decoder."
             )
         inputs = [prompt if isinstance(prompt, TextTokenInput) else self._text_input(prompt) for prompt in prompts]
-        device = next(self.model.parameters()).device
+        device = input_device(self.model)
         prompt_ids = [self._prompt_ids(text, device) for text in inputs]
         output_ids = [self._target_ids(ids, t, max_new_tokens, device) for ids, t in zip(prompt_ids, targets)]
         if contrast_target is not None:

@@ -22,7 +22,7 @@ from captum_attnflow.evaluate.compare import compare
 from captum_attnflow.evaluate.metrics import METRICS, check_faithfulness, compute_metric
 from captum_attnflow.evaluate.results import ComparisonResult
 from captum_attnflow.evaluate.spearman import as_scores
-from captum_attnflow.hf import model_call
+from captum_attnflow.hf import input_device, model_call
 from captum_attnflow.methods import method_entry
 
 # Written into every checkpoint: a file without it was not written by an Evaluator.
@@ -392,8 +392,8 @@ def _batch_size(batch: Any) -> int:
 
 
 def _device(model: Any) -> torch.device:
-    parameter = next(model.parameters(), None) if hasattr(model, "parameters") else None
-    return parameter.device if parameter is not None else torch.device("cpu")
+    """Where the model takes its batches (the first device of a model dispatched by accelerate)."""
+    return input_device(model) or torch.device("cpu")
 
 
 def _process_group(device: torch.device) -> tuple[int, int]:

@@ -17,7 +17,7 @@ from captum_attnflow.hf.inputs import (
     warn_unmasked_padding,
 )
 from captum_attnflow.hf.lrp import LRPRun, attnlrp_forward
-from captum_attnflow.hf.models import check_device, hf_models, main_model, outermost, owning_module
+from captum_attnflow.hf.models import check_device, hf_models, input_device, main_model, outermost, owning_module
 from captum_attnflow.hf.seq2seq import Seq2SeqAttentions, seq2seq_attentions, seq2seq_gradient_internals
 from captum_attnflow.hf.scores import ScoreForward, class_scores, input_embeddings, output_scores, target_indices, target_scores, token_id
 from captum_attnflow.hf.state import eager_attention, exclusive, hooks_restored, implementation, model_call, unchanged
@@ -41,6 +41,7 @@ __all__ = [
     "hooks_restored",
     "implementation",
     "inject_attention",
+    "input_device",
     "input_embeddings",
     "lift_mask",
     "main_model",

@@ -87,12 +87,16 @@ class AttentionGradients:
         order: (B, n) the run's token order when a left-padded batch ran with its real tokens
             first (``order[b, k]`` = original position of the k-th token of the run), else None.
         mask: (B, n) the run's attention mask in run order, or None.
+        device: where :meth:`weighted_blocks` and :meth:`weighted_layer` deliver their maps (the
+            inputs' device), each computed on the device its call ran on (layers of a model
+            dispatched over several devices); None: that device.
     """
 
     calls: list[AttentionCall] = field(default_factory=list)
     output: Any = None
     order: Tensor | None = None
     mask: Tensor | None = None
+    device: torch.device | None = None
     _scratch: Tensor | None = None
 
     def output_gradients(self, score: Tensor, calls: Iterable[int], retain_graph: bool = True) -> dict[int, Tensor]:
@@ -122,18 +126,21 @@ class AttentionGradients:
         size = _scratch_size(call.query, call.key)
         if self._scratch is None or self._scratch.numel() < size or self._scratch.device != call.query.device:
             self._scratch = torch.empty(size, dtype=torch.float32, device=call.query.device)
-        return fused_blocks(
+        blocks = fused_blocks(
             call.query, call.key, call.mask, call.scaling, call.causal, "mean", self._scratch,
-            gradient=(grad_output, call.value), rows=rows,
+            gradient=(grad_output.to(call.query.device), call.value), rows=rows,
         )
+        if self.device is None or self.device == call.query.device:
+            return blocks
+        return ((start, stop, block.to(self.device)) for start, stop, block in blocks)
 
     def weighted_layer(self, index: int, grad_output: Tensor) -> Tensor:
         """:math:`\\bar A` of call ``index`` whole: (B, n_q, n_k) float32."""
         call = self.calls[index]
         out = torch.zeros(call.query.shape[0], call.query.shape[2], call.key.shape[2], device=call.query.device)
         for start, stop, block in self.weighted_blocks(index, grad_output):
-            out[:, start:stop, : block.shape[-1]] = block
-        return out
+            out[:, start:stop, : block.shape[-1]] = block.to(out.device)
+        return out if self.device is None else out.to(self.device)
 
 
 def _gradient_attention(
@@ -185,7 +192,7 @@ def capture_attention_gradients(
     threads run one at a time.
     """
     module, call, order, mask = prepared_call(forward_func, inputs, additional_forward_args, attention_mask)
-    capture = AttentionGradients(order=order, mask=mask)
+    capture = AttentionGradients(order=order, mask=mask, device=inputs.device)
     _register()
     with unchanged(module):
         functions = {

@@ -165,7 +165,7 @@ def _lean_graph(
     if attention_mask is not None:
         attention_mask = torch.as_tensor(attention_mask).to(inputs.device)
     run_inputs, args, kwargs, order = real_tokens_first_call(inputs, args, attention_mask)
-    with torch.no_grad(), unchanged(model), lean_capture(model, head_fusion) as capture:
+    with torch.no_grad(), unchanged(model), lean_capture(model, head_fusion, inputs.device) as capture:
         model(run_inputs, *args, **kwargs)
     if not capture.complete:
         return None

@@ -5,20 +5,27 @@ One forward pass collects each layer's probabilities, values and block input
 (:func:`~captum_attnflow.hf.internals.capture_internals`); the architecture table supplies the
 output projection, the LayerNorm and the rest of each block; the maths is
 :mod:`captum_attnflow.functional.decomposition`.
+
+On a model dispatched by accelerate each block is computed on the device it ran on, its
+weights read through accelerate's hooks (:func:`~captum_attnflow.hf.dispatch.onloaded`: loaded
+from the CPU or disk when offloaded), one block at a time; the maps are gathered on the
+inputs' device.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
 from captum_attnflow.functional import decomposition
 from captum_attnflow.hf.architectures import Architecture, architecture_of, layer_norm_parameters, projection_weight
+from captum_attnflow.hf.dispatch import onloaded
 from captum_attnflow.hf.inputs import reorder_tokens
 from captum_attnflow.hf.internals import Internals, capture_internals
+from captum_attnflow.hf.models import owning_module
 
 # Zeroed variants of one layer run together in chunks of about this many hidden numbers
 # (4 D per token: the feed-forward's width).
@@ -27,12 +34,39 @@ _VARIANT_NUMBERS = 2**24
 
 @dataclass
 class _Block:
-    """One transformer block's internals from the forward pass, in the run's token order."""
+    """One transformer block's internals from the forward pass, in the run's token order, on the
+    device the block ran on."""
 
     module: nn.Module
     inputs: Tensor  # (B, n, D)
     probabilities: Tensor  # (B, H, n, n)
     values: Tensor  # (B, H, n, d)
+    mask: Tensor  # (B, n) bool
+
+
+class _Weights(NamedTuple):
+    """What the maths reads of one block's weights."""
+
+    output_weight: Tensor  # (H d, D)
+    output_bias: Tensor | None  # (D,)
+    norm: tuple[Tensor, Tensor, float] | None  # the post-LN LayerNorm's (gamma, beta, eps)
+
+
+def _weights(forward_func: Any, architecture: Architecture, block: nn.Module) -> _Weights:
+    """The output projection and post-LN norm of ``block``, read through accelerate's hooks when
+    the model is dispatched (the tensors stay valid after the weights are offloaded again)."""
+    projection = architecture.output_projection(block)
+    norm = None if architecture.post_norm is None else architecture.post_norm(block)
+    with onloaded(owning_module(forward_func), [projection] + ([] if norm is None else [norm])):
+        weight, bias = projection_weight(projection)
+        if not weight.is_floating_point():
+            raise ValueError(
+                f"the attention's output projection of {type(block).__name__} holds {weight.dtype} weights (a quantized "
+                "model): ALTI, AttentionNorm and ValueZeroing multiply by them. Load the model unquantized (e.g. "
+                "dtype=torch.bfloat16, device_map='auto' to spread it), or use a method that needs only the attention "
+                "(RawAttention, AttentionRollout, AttentionFlow, GradientWeightedRollout)."
+            )
+        return _Weights(weight, bias, None if norm is None else layer_norm_parameters(norm))
 
 
 def _blocks(
@@ -48,13 +82,13 @@ def _blocks(
         )
     batch, _, n, _ = internals.probabilities[0].shape
     if attention_mask is None:
-        mask = torch.ones(batch, n, dtype=torch.bool, device=internals.probabilities[0].device)
+        mask = torch.ones(batch, n, dtype=torch.bool, device=inputs.device)
     else:
-        mask = torch.as_tensor(attention_mask).to(internals.probabilities[0].device).bool()
+        mask = torch.as_tensor(attention_mask).to(inputs.device).bool()
         if internals.order is not None:
-            mask = reorder_tokens(mask, internals.order)
+            mask = reorder_tokens(mask, internals.order.to(inputs.device))
     blocks = [
-        _Block(module, x, p.detach(), v)
+        _Block(module, x, p.detach(), v, mask.to(x.device))
         for module, x, p, v in zip(modules, internals.block_inputs, internals.probabilities, internals.values)
     ]
     return architecture, blocks, mask, internals
@@ -74,11 +108,12 @@ def alti_maps(
     maps = []
     with torch.no_grad():
         for block in blocks:
-            weight, bias = projection_weight(architecture.output_projection(block.module))
-            norm = None if architecture.post_norm is None else layer_norm_parameters(architecture.post_norm(block.module))
-            maps.append(
-                decomposition.alti_contributions(block.probabilities, block.values, block.inputs, weight, bias, mask, norm)
+            weights = _weights(forward_func, architecture, block.module)
+            contributions = decomposition.alti_contributions(
+                block.probabilities, block.values, block.inputs, weights.output_weight, weights.output_bias, block.mask,
+                weights.norm,
             )
+            maps.append(contributions.to(mask.device))
             if progress is not None:
                 progress(1)
     return internals.in_inputs_order(torch.stack(maps))
@@ -100,8 +135,8 @@ def attention_norm_maps(
     maps = []
     with torch.no_grad():
         for block in blocks:
-            weight = projection_weight(architecture.output_projection(block.module))[0]
-            maps.append(decomposition.attention_norms(block.probabilities, block.values, weight, mask))
+            weight = _weights(forward_func, architecture, block.module).output_weight
+            maps.append(decomposition.attention_norms(block.probabilities, block.values, weight, block.mask).to(mask.device))
             if progress is not None:
                 progress(1)
     return internals.in_inputs_order(torch.stack(maps))
@@ -130,20 +165,21 @@ def value_zeroing_maps(
     maps = []
     with torch.no_grad():
         for block in blocks:
-            maps.append(_zeroing_map(architecture, block, mask))
+            weight = _weights(forward_func, architecture, block.module).output_weight
+            maps.append(_zeroing_map(architecture, block, weight).to(mask.device))
             if progress is not None:
                 progress(1)
     return internals.in_inputs_order(torch.stack(maps))
 
 
-def _zeroing_map(architecture: Architecture, block: _Block, mask: Tensor) -> Tensor:
-    """(B, n, n) value zeroing of one block, rows normalised."""
+def _zeroing_map(architecture: Architecture, block: _Block, output_weight: Tensor) -> Tensor:
+    """(B, n, n) value zeroing of one block, rows normalised; ``output_weight`` (H d, D) its :math:`W_O`."""
     projection = architecture.output_projection(block.module)
     batch, heads, n, size = block.values.shape
     context = (block.probabilities.to(block.values.dtype) @ block.values).transpose(1, 2).reshape(batch, n, heads * size)
     attention_outputs = projection(context)
     outputs = architecture.after_attention(block.module, block.inputs, attention_outputs)
-    projected = decomposition.projected_values(block.values, projection_weight(projection)[0])
+    projected = decomposition.projected_values(block.values, output_weight)
     chunk = max(1, _VARIANT_NUMBERS // (4 * batch * n * block.inputs.shape[-1]))
     distances = []
     for start in range(0, n, chunk):
@@ -153,4 +189,4 @@ def _zeroing_map(architecture: Architecture, block: _Block, mask: Tensor) -> Ten
         distances.append(decomposition.cosine_distances(zeroed_outputs, outputs))
     # A token no head attends to changes nothing when zeroed: exactly 0, not float noise.
     attended = block.probabilities.sum(1) > 0
-    return decomposition.normalised_rows(torch.cat(distances, -1) * attended, mask)
+    return decomposition.normalised_rows(torch.cat(distances, -1) * attended, block.mask)

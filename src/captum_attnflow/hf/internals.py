@@ -64,13 +64,13 @@ class Internals:
         in the inputs' order."""
         if self.order is None:
             return maps
-        back = self.order.argsort(dim=-1)
+        back = self.order.to(maps.device).argsort(dim=-1)
         flat = maps.reshape(-1, *maps.shape[-3:]).transpose(0, 1)  # (B, K, n, n)
         return maps_in_order(flat, back).transpose(0, 1).reshape(maps.shape)
 
     def run_positions(self, positions: Tensor) -> Tensor:
         """(B, S) positions of the inputs, as positions in the run."""
-        return positions if self.order is None else in_run_order(positions, self.order)
+        return positions if self.order is None else in_run_order(positions, self.order.to(positions.device))
 
 
 def _eager_function(module: nn.Module) -> Callable[..., tuple[Tensor, Tensor]]:

@@ -74,9 +74,11 @@ class LeanCapture:
     probabilities when asked, one layer at a time.
     """
 
-    def __init__(self, num_layers: int, head_fusion: str, saved: str) -> None:
+    def __init__(self, num_layers: int, head_fusion: str, saved: str, device: torch.device | None = None) -> None:
         self.num_layers = num_layers
         self.head_fusion = head_fusion
+        # Layers of a model dispatched over several devices are gathered on this one (2·n·H·d numbers each).
+        self.device = device
         # The output of each layer is computed as the model computes it when loaded: with its
         # own implementation from the registry, or sdpa (equal up to rounding) for eager, whose
         # function lives in each model's own module.
@@ -92,7 +94,8 @@ class LeanCapture:
                 f"the model ran more than its {self.num_layers} attention layers in one call; "
                 "explain it with lean=False (eager attention and stored maps)."
             )
-        self.layers.append((query.detach(), key.detach(), None if mask is None else mask.detach(), scaling, causal))
+        kept = [None if t is None else t.detach().to(self.device or t.device) for t in (query, key, mask)]
+        self.layers.append((*kept, scaling, causal))
 
     @property
     def complete(self) -> bool:
@@ -317,17 +320,20 @@ def _register() -> None:
 
 
 @contextlib.contextmanager
-def lean_capture(model: PreTrainedModel, head_fusion: str = "mean") -> Iterator[LeanCapture]:
+def lean_capture(
+    model: PreTrainedModel, head_fusion: str = "mean", device: torch.device | None = None
+) -> Iterator[LeanCapture]:
     """Context manager: a call of ``model`` inside the block collects each layer's head-fused attention.
 
     Yields the :class:`LeanCapture` that collects the queries and keys of each attention layer,
-    in call order (L = ``config.num_hidden_layers`` of them). The model's attention
+    in call order (L = ``config.num_hidden_layers`` of them), on ``device`` if given (the
+    layers of a model dispatched over several devices), else where each layer ran. The model's attention
     implementation (every config and sub-config) is switched for the block and restored exactly
     afterwards, also when the call raises; the model is locked against other threads for the block.
     """
     _register()
     with exclusive(model):
-        capture = LeanCapture(model.config.num_hidden_layers, head_fusion, model.config._attn_implementation)
+        capture = LeanCapture(model.config.num_hidden_layers, head_fusion, model.config._attn_implementation, device)
         modules = list(model.modules())
         try:
             for module in modules:

@@ -44,6 +44,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from captum_attnflow.hf.architectures import RMS_NORMS, Architecture, architecture_of
 from captum_attnflow.hf.capture import in_run_order, real_tokens_first_call
+from captum_attnflow.hf.dispatch import onloaded
 from captum_attnflow.hf.inputs import as_tuple, check_mask_not_in_args, mask_keyword
 from captum_attnflow.hf.internals import _eager_function
 from captum_attnflow.hf.models import check_device, main_model, owning_module
@@ -176,17 +177,23 @@ class _NormRule(torch.autograd.Function):
         return scaled.to(gradient.dtype), None, None, None, None
 
 
+def _norm_weight(module: nn.Module) -> Tensor | None:
+    """The norm's weight (None without one), read through accelerate's hooks: the rule runs after
+    the norm's forward, when an offloaded norm's weight is back on ``meta``."""
+    with onloaded(module, [module]):
+        return None if module.weight is None else module.weight.detach()
+
+
 def _layer_norm_rule(module: nn.LayerNorm, args: tuple, output: Tensor) -> Tensor:
     x = args[0].detach()
     sigma = (x.var(-1, unbiased=False, keepdim=True) + module.eps).sqrt()
-    weight = None if module.weight is None else module.weight.detach()
-    return _NormRule.apply(args[0], output.detach(), weight, sigma, True)
+    return _NormRule.apply(args[0], output.detach(), _norm_weight(module), sigma, True)
 
 
 def _rms_norm_rule(module: nn.Module, args: tuple, output: Tensor) -> Tensor:
     x = args[0].detach().float()
     sigma = (x.pow(2).mean(-1, keepdim=True) + module.variance_epsilon).sqrt()
-    return _NormRule.apply(args[0], output.detach(), module.weight.detach(), sigma, False)
+    return _NormRule.apply(args[0], output.detach(), _norm_weight(module), sigma, False)
 
 
 def _activation_rule(factor: float) -> Callable[[nn.Module, tuple, Tensor], Tensor]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 from transformers import PreTrainedModel
 
@@ -55,14 +56,38 @@ def configs(models: list[nn.Module]) -> dict[int, Any]:
     return found
 
 
-def check_device(forward_func: Any, inputs: Tensor) -> None:
-    """Refuse inputs on another device than the model's parameters, naming the move."""
+def accelerate_hooks(module: nn.Module) -> list[Any]:
+    """The hooks accelerate put on ``module`` (``module._hf_hook``, or the hooks of a ``SequentialHook``)."""
+    hook = getattr(module, "_hf_hook", None)
+    if hook is None:
+        return []
+    return list(getattr(hook, "hooks", [hook]))
+
+
+def input_device(forward_func: Any) -> torch.device | None:
+    """The device ``forward_func`` takes its inputs on: for a model dispatched by accelerate
+    (``from_pretrained(..., device_map=...)``, ``cpu_offload``), the execution device of its first
+    hook that has one (the model's own: where accelerate runs the first layers); else the device
+    of its first parameter; None for a callable without parameters."""
     module = owning_module(forward_func)
-    parameter = next(module.parameters(), None) if module is not None else None
-    if parameter is not None and parameter.device != inputs.device:
+    if module is None:
+        return None
+    for submodule in module.modules():
+        for hook in accelerate_hooks(submodule):
+            device = getattr(hook, "execution_device", None)
+            if device is not None:
+                return torch.device(f"cuda:{device}" if isinstance(device, int) else device)
+    parameter = next(module.parameters(), None)
+    return parameter.device if parameter is not None else None
+
+
+def check_device(forward_func: Any, inputs: Tensor) -> None:
+    """Refuse inputs on another device than the model's (:func:`input_device`), naming the move."""
+    device = input_device(forward_func)
+    if device is not None and device != inputs.device:
         raise ValueError(
-            f"inputs are on {inputs.device} but the model is on {parameter.device}; "
-            f"move them with inputs.to({str(parameter.device)!r})."
+            f"inputs are on {inputs.device} but the model is on {device}; "
+            f"move them with inputs.to({str(device)!r})."
         )
 
 

@@ -17,6 +17,7 @@ from typing import Any, Iterator
 
 from torch import nn
 
+from captum_attnflow.hf.dispatch import offloading_kept
 from captum_attnflow.hf.models import configs, hf_models, owning_module
 
 
@@ -104,8 +105,10 @@ _HOOKS_INSTALLED = "_output_capturing_hooks_installed"
 @contextlib.contextmanager
 def unchanged(module: nn.Module) -> Iterator[None]:
     """Run the block with ``module`` in eval mode, alone; restore modes, forward hooks and the
-    output-capturing flag on exit (:func:`hooks_restored`)."""
-    with exclusive(module), hooks_restored(module):
+    output-capturing flag on exit (:func:`hooks_restored`), and offload again the weights of a
+    model dispatched by accelerate that a raising forward left loaded
+    (:func:`~captum_attnflow.hf.dispatch.offloading_kept`)."""
+    with exclusive(module), hooks_restored(module), offloading_kept(module):
         modules = list(module.modules())
         modes = [m.training for m in modules]
         module.eval()
