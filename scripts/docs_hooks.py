@@ -26,6 +26,11 @@ PUBLIC_MODULES = (
     "captum_attnflow.models",
     "captum_attnflow.extraction",
     "captum_attnflow.visualize",
+    "captum_attnflow.visualize_html",
+    "captum_attnflow.visualize_forest",
+    "captum_attnflow.explanation",
+    "captum_attnflow.words",
+    "captum_attnflow.saving",
 )
 
 

@@ -14,6 +14,7 @@ from captum_attnflow import AttentionRollout, extract_attentions
 from captum_attnflow.benchmark import _attribute, run_benchmark
 from captum_attnflow.benchmark_tasks import TASKS, sentence_pairs
 from captum_attnflow.data import CHUNK_TAGS
+from captum_attnflow.evaluate import Leaderboard
 from captum_attnflow.functional import rollout
 from captum_attnflow.methods import METHODS
 
@@ -110,6 +111,15 @@ def test_a_small_leaderboard_ranks_methods_on_every_task_and_resumes(tmp_path):
             )
     paths = result.save(tmp_path / "out")
     assert all(path.stat().st_size > 0 for path in paths)
+    assert {"leaderboard_agreement.png", "leaderboard_chunking.png", "report.html"} <= {path.name for path in paths}
+    assert Leaderboard.load(tmp_path / "out" / "leaderboard.json") == result.leaderboard
+    report = (tmp_path / "out" / "report.html").read_text()
+    assert report.count("data:image/png;base64,") == 2 and report.count('<div class="caf-view"') == 4  # 2 examples a task
+    assert resumed.shown == {"agreement": [], "chunking": []}  # resumed past the first batch: nothing to show
+    table = result.leaderboard.to_markdown().split("chunking: comprehensiveness")[1]
+    order = result.leaderboard.ranking("chunking: comprehensiveness").by_rank()
+    listed = [line.split(" | ")[0].lstrip("| ") for line in table.splitlines() if line.startswith("| ") and "---" not in line][1:5]
+    assert listed == order  # tables by rank, best first
 
 
 def test_unknown_names_are_refused_with_the_known_ones():

@@ -9,7 +9,7 @@ import pytest
 import captum_attnflow
 
 from captum_attnflow.docstrings import fill_docstring
-from captum_attnflow.attr import AttentionFlow, AttentionRollout, RawAttention
+from captum_attnflow.attr import AttentionFlow, AttentionRollout, AttnLRP, RawAttention
 from captum_attnflow.baselines import BlankOut, TokenInputXGradient, TokenIntegratedGradients, TokenSaliency
 from captum_attnflow.evaluate import aopc_comprehensiveness, aopc_sufficiency, deletion_area, log_odds
 
@@ -44,6 +44,7 @@ def test_missing_placeholder_is_an_error():
         RawAttention.attribute,
         AttentionRollout.attribute,
         AttentionFlow.attribute,
+        AttnLRP.attribute,
         TokenSaliency.attribute,
         TokenInputXGradient.attribute,
         TokenIntegratedGradients.attribute,
@@ -68,7 +69,7 @@ def test_shared_pieces_reach_help(method):
 
 @pytest.mark.parametrize(
     "cls",
-    [RawAttention, AttentionRollout, AttentionFlow, TokenSaliency, TokenInputXGradient, TokenIntegratedGradients],
+    [RawAttention, AttentionRollout, AttentionFlow, AttnLRP, TokenSaliency, TokenInputXGradient, TokenIntegratedGradients],
 )
 def test_class_docstrings_document_the_constructor(cls):
     arguments = [name for name in inspect.signature(cls).parameters]

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from helpers import FirstTokenClassifier, make_classifier, padded_batch
-from captum_attnflow import AttentionFlow, AttentionRollout, RawAttention
+from captum_attnflow import AttentionFlow, AttentionRollout, AttnLRP, RawAttention
 from captum_attnflow.baselines import BlankOut, TokenInputXGradient, TokenIntegratedGradients, TokenSaliency
 from captum_attnflow.evaluate import aopc_comprehensiveness
 from helpers import make_tiny_model
@@ -30,6 +30,7 @@ GRADIENT_METHODS = {
     "saliency": TokenSaliency,
     "input x gradient": TokenInputXGradient,
     "integrated gradients": TokenIntegratedGradients,
+    "attnlrp": AttnLRP,
 }
 
 

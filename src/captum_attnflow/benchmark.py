@@ -29,6 +29,7 @@ Per-layer methods appear twice: at their last layer, and at their best layer for
 from __future__ import annotations
 
 import hashlib
+import html
 import os
 import time
 from dataclasses import dataclass, field
@@ -62,12 +63,15 @@ class BenchmarkResult:
         examples: ``{task: count}``.
         notes: what the reader should know about the data (e.g. texts truncated to the
             model's positions), printed under the tables.
+        shown: ``{task: [ExplanationResult]}``, the first examples of each task as every method
+            scored them (per-layer methods at their last layer), for the report.
     """
 
     leaderboard: Leaderboard
     seconds: dict[str, dict[str, float]]
     examples: dict[str, int]
     notes: list[str] = field(default_factory=list)
+    shown: dict = field(default_factory=dict)
 
     def to_markdown(self) -> str:
         """The leaderboard's tables, then the time per example of every method and task."""
@@ -82,19 +86,45 @@ class BenchmarkResult:
         return f"{self.leaderboard.to_markdown()}\n\nTime per example ({counts} examples):\n\n" + "\n".join(lines) + notes
 
     def save(self, directory: str | Path) -> list[Path]:
-        """Write ``leaderboard.md``, ``leaderboard.csv`` and ``leaderboard.png`` into ``directory``."""
+        """Write into ``directory``: ``leaderboard.md`` (tables by rank), ``leaderboard.csv``,
+        ``leaderboard.json`` with ``leaderboard.safetensors`` (:meth:`Leaderboard.load` reads
+        them), ``leaderboard.png`` (forest plots of every metric, 4 a row),
+        ``leaderboard_<task>.png`` (one figure per task) and ``report.html`` (the figures and
+        the example explanations in one self-contained page)."""
+        from captum_attnflow.visualize_html import figure_html, page_html
+
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         paths = [directory / name for name in ("leaderboard.md", "leaderboard.csv", "leaderboard.png")]
         paths[0].write_text(self.to_markdown() + "\n")
         self.leaderboard.to_csv(paths[1])
-        self.leaderboard.plot().savefig(paths[2], dpi=120)
+        self.leaderboard.plot(kind="forest", columns=4, floor=FLOOR).savefig(paths[2], dpi=100)
+        paths += self.leaderboard.save(directory / "leaderboard.json")
+        blocks = []
+        for task, count in self.examples.items():
+            metrics = [metric for metric in self.leaderboard.metrics if metric.startswith(f"{task}: ")]
+            if not metrics:
+                continue
+            figure = self.leaderboard.plot(kind="forest", metrics=metrics, floor=FLOOR, title=f"{task} ({count} examples)")
+            paths.append(directory / f"leaderboard_{task}.png")
+            figure.savefig(paths[-1], dpi=100)
+            blocks.append(f"<h2>{task}</h2>" + figure_html(figure, f"{task}: methods by rank, best on top"))
+            blocks += [example.to_html() for example in self.shown.get(task, [])]
+        table = html.escape(self.to_markdown())
+        paths.append(directory / "report.html")
+        paths[-1].write_text(
+            page_html("captum_attnflow benchmark", blocks + [f"<h2>Tables</h2><pre>{table}</pre>"]), encoding="utf-8"
+        )
         return paths
 
 
-def _methods(model: nn.Module, tokenizer: Any, task: Task, names: Sequence[str], timing: dict[str, list[float]], seed: int) -> dict:
+def _methods(
+    model: nn.Module, tokenizer: Any, task: Task, names: Sequence[str], timing: dict[str, list[float]], seed: int,
+    first: dict | None = None,
+) -> dict:
     """``{name: callable(batch)}`` for the Evaluator, each adding its seconds and examples to
-    ``timing[name]`` (``[seconds, examples]``, over the batches it runs)."""
+    ``timing[name]`` (``[seconds, examples]``, over the batches it runs) and keeping its scores
+    of the first batch in ``first[name]`` (the last layer of a per-layer method)."""
     methods = {}
     for name in names:
         entry = None if name == FLOOR else method_entry(name)
@@ -111,6 +141,9 @@ def _methods(model: nn.Module, tokenizer: Any, task: Task, names: Sequence[str],
             spent = timing.setdefault(name, [0.0, 0])
             spent[0] += time.perf_counter() - start
             spent[1] += batch["input_ids"].shape[0]
+            if first is not None and name not in first:
+                first[name] = (scores[-1] if scores.dim() == 3 else scores).detach().float().cpu()
+                first.setdefault("", batch)
             return scores
 
         methods[name] = call
@@ -246,25 +279,28 @@ def run_benchmark(
     times: dict[str, dict[str, float]] = {}
     counts: dict[str, int] = {}
     directions: dict[str, bool] = {}
+    shown: dict[str, list] = {}
     for name in tasks:
         task = TASKS[name]
-        run_task(task, task.load(examples, seed), names, seed, show_progress, checkpoint_dir, (values, times, counts, directions))
-    return BenchmarkResult(Leaderboard(values, higher_is_better=directions, n_resamples=n_resamples), times, counts)
+        run_task(task, task.load(examples, seed), names, seed, show_progress, checkpoint_dir, (values, times, counts, directions), shown)
+    return BenchmarkResult(Leaderboard(values, higher_is_better=directions, n_resamples=n_resamples), times, counts, shown=shown)
 
 
 def run_task(
     task: Task, loaded: tuple, names: Sequence[str], seed: int, show_progress: bool,
-    checkpoint_dir: str | Path | None, into: tuple[dict, dict, dict, dict],
+    checkpoint_dir: str | Path | None, into: tuple[dict, dict, dict, dict], shown: dict | None = None,
 ) -> None:
     """Run ``names`` on one task's ``(model, tokenizer, batches)`` and add its leaderboard
-    entries, seconds per example, example count and metric directions to ``into``. Under
+    entries, seconds per example, example count and metric directions to ``into`` (and the
+    first two examples as every method scored them to ``shown[task]``, when given). Under
     ``accelerate launch`` each process runs its share of the batches (the Evaluator shards
     them) and every process gets all the values and the times of all processes."""
     values, times, counts, directions = into
     model, tokenizer, batches = loaded
     timing: dict[str, list[float]] = {}
+    first: dict = {}
     evaluator = Evaluator(
-        model, _methods(model, tokenizer, task, names, timing, seed), {}, exclude_special_tokens=True,
+        model, _methods(model, tokenizer, task, names, timing, seed, first), {}, exclude_special_tokens=True,
         show_progress=show_progress, faithfulness=task.faithfulness, tokenizer=tokenizer,
     )
     checkpoint = None if checkpoint_dir is None else Path(checkpoint_dir) / f"{task.name}.npz"
@@ -274,7 +310,25 @@ def run_task(
     counts[task.name] = len(measured)
     times[task.name] = {method: seconds / rows for method, (seconds, rows) in _all_processes(timing).items() if rows}
     values.update(_entries(task.name, measured.metrics))
+    if shown is not None:
+        shown[task.name] = _shown(first, tokenizer, task.name)
     directions.update({f"{task.name}: {metric}": higher_is_better(metric) for metric in task.faithfulness})
+
+
+def _shown(first: dict, tokenizer: Any, task: str, count: int = 2) -> list:
+    """The first ``count`` examples of the first batch as every method scored them."""
+    from captum_attnflow.explanation import ExplanationResult
+
+    batch = first.pop("", None)
+    if batch is None or not first:  # resumed from a checkpoint past the first batch
+        return []
+    results = []
+    for row in range(min(count, batch["input_ids"].shape[0])):
+        real = batch["attention_mask"][row].bool().cpu()
+        tokens = tokenizer.convert_ids_to_tokens(batch["input_ids"][row].cpu()[real].tolist())
+        scores = {name: values[row][real] for name, values in first.items()}
+        results.append(ExplanationResult(tokens, scores, prediction=f"{task}, example {row + 1} (last layer of per-layer methods)"))
+    return results
 
 
 def _all_processes(timing: dict[str, list[float]]) -> dict[str, list[float]]:

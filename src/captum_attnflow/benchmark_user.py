@@ -200,9 +200,10 @@ def run_user_benchmark(
         metrics = {metric: {**options, "softmax": False} for metric in ("comprehensiveness", "sufficiency", "deletion-area")}
     task = Task(name, f"{type(model).__name__} on the user's data", lambda *_: (explained, tokenizer, batches), metrics, logits=logits)
     into: tuple[dict, dict, dict, dict] = ({}, {}, {}, {})
-    run_task(task, (explained, tokenizer, batches), names, seed, show_progress, checkpoint_dir, into)
+    shown: dict[str, list] = {}
+    run_task(task, (explained, tokenizer, batches), names, seed, show_progress, checkpoint_dir, into, shown)
     values, times, counts, directions = into
-    return BenchmarkResult(Leaderboard(values, higher_is_better=directions, n_resamples=n_resamples), times, counts, notes)
+    return BenchmarkResult(Leaderboard(values, higher_is_better=directions, n_resamples=n_resamples), times, counts, notes, shown)
 
 
 def _pad_id(tokenizer: Any, model: Any) -> int | None:

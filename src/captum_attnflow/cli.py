@@ -25,6 +25,7 @@ import torch
 
 from captum_attnflow.adversarial.study import DEFAULT_LAMBDAS, MODELS, run_study
 from captum_attnflow.data.agreement import PLURAL, SINGULAR
+from captum_attnflow.explanation import ExplanationResult
 from captum_attnflow.hf import extract_attentions
 from captum_attnflow.methods import EXTRA_METHODS, METHODS, attention_methods, paper_methods
 from captum_attnflow.models import AgreementConfig, load_agreement_model
@@ -47,6 +48,7 @@ VALUE_LABELS = {
     "norm": "norm of weighted values",
     "saliency": "gradient norm",
     "blankout": "drop in probability",
+    "attnlrp": "relevance (AttnLRP)",
 }
 
 
@@ -129,6 +131,14 @@ def _parser() -> argparse.ArgumentParser:
         "--model", type=Path, metavar="DIR",
         help="a saved model directory instead of the bundled one: an agreement model, or any Hugging Face "
         "sequence-classification model saved with its tokenizer",
+    )
+    explain.add_argument(
+        "--html", type=Path, metavar="FILE.html",
+        help="also write a self-contained HTML view (one row per layer of each method, the score on hover)",
+    )
+    explain.add_argument(
+        "--words", choices=("sum", "max", "mean"), nargs="?", const="sum", default=None, metavar="sum|max|mean",
+        help="one score per word: merge sub-word pieces (sum by default; max or mean on request)",
     )
     explain.set_defaults(run=_explain)
 
@@ -426,6 +436,7 @@ def _explain(args: argparse.Namespace) -> int:
     for name in methods:
         method = METHODS[name].build(model, tokenizer)
         target = {"target": predicted} if METHODS[name].class_specific else {}
+        target.update(METHODS[name].display)
         if METHODS[name].per_layer and args.head == "all":
             scores[name] = method.attribute(ids, layer=args.layer, head="all")[:, 0]  # (H, n)
             labels[name] = [f"L{args.layer} h{head}" for head in range(heads)]
@@ -436,11 +447,20 @@ def _explain(args: argparse.Namespace) -> int:
             labels[name] = [f"L{layer + 1}{suffix}" for layer in layers]
         else:
             scores[name] = method.attribute(ids, target=predicted)
-    print(_score_table(tokens, scores, labels))
-    figure = plot_methods(scores, tokens, title=f'"{args.sentence}": {prediction}', layer_labels=labels,
+    result = ExplanationResult(
+        tokens, scores, labels, prediction, str(args.model or "bundled agreement model"),
+        {name: VALUE_LABELS[name] for name in scores if name in VALUE_LABELS},
+    )
+    if args.words:
+        result = result.aggregate_words(tokenizer(args.sentence), args.words, text=args.sentence)
+    print(_score_table(result.tokens, result.scores, labels))
+    figure = plot_methods(result.scores, result.tokens, title=f'"{args.sentence}": {prediction}', layer_labels=labels,
                           value_labels=VALUE_LABELS)
     figure.savefig(out, dpi=120)
     print(f"heatmap written to {out}")
+    if args.html:
+        result.to_html(args.html)
+        print(f"HTML view written to {args.html}")
     return 0
 
 
@@ -457,7 +477,7 @@ def _figures(args: argparse.Namespace) -> int:
     for name in args.methods:
         entry = METHODS[name]
         method = entry.build(lambda _: attentions, tokenizer) if entry.from_attentions else entry.build(model, tokenizer)
-        target = {"target": predicted} if entry.class_specific else {}
+        target = {"target": predicted, **dict(entry.display)} if entry.class_specific else dict(entry.display)
         maps[name] = method.attribute(ids, position=list(range(len(tokens))), layer=None, **target)[:, 0]  # (L, n, n)
     quoted = f'"{args.sentence}": {prediction}'
     first = out / "figure1.png"
@@ -537,7 +557,7 @@ def _add_generate(commands: Any) -> None:
         "difference of their logits; needs --method gradient_rollout (the default then)",
     )
     generate.add_argument(
-        "--method", choices=attention_methods(), default=None,
+        "--method", choices=(*attention_methods(), "attnlrp"), default=None,
         help="attribution method (default: rollout; gradient_rollout with --contrast)",
     )
     generate.add_argument(
@@ -556,6 +576,14 @@ def _add_generate(commands: Any) -> None:
     generate.add_argument(
         "--model", type=Path, metavar="DIR",
         help="a local Hugging Face model directory (causal LM or encoder-decoder) instead of the bundled one",
+    )
+    generate.add_argument(
+        "--html", type=Path, metavar="FILE.html",
+        help="also write a self-contained HTML view (one row per output token, the score on hover)",
+    )
+    generate.add_argument(
+        "--words", choices=("sum", "max", "mean"), nargs="?", const="sum", default=None, metavar="sum|max|mean",
+        help="one score per word on both axes, prompt and output (sum by default)",
     )
     generate.set_defaults(run=_generate)
 
@@ -580,13 +608,19 @@ def _generate(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens,
         receptive_field=args.receptive_field,
         drop_sink=args.drop_sink,
+        **({} if explainer.encoder_decoder else dict(METHODS[method].display)),
     )
     print(f"continuation: {tokenizer.convert_tokens_to_string(result.output_tokens).strip()}")
+    if args.words:
+        result = result.aggregate_words(tokenizer, args.words)
     print(_generation_table(result.input_tokens, result.output_tokens, result.token_attr))
     figure, _ = result.plot_token_attr()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(args.out, dpi=120, bbox_inches="tight")
     print(f"heatmap written to {args.out}")
+    if args.html:
+        result.to_html(args.html)
+        print(f"HTML view written to {args.html}")
     return 0
 
 

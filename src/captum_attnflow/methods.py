@@ -13,7 +13,7 @@ Example::
     >>> attention_methods()
     ('raw', 'rollout', 'flow', 'gradient_rollout', 'value_zeroing', 'alti', 'norm')
     >>> paper_methods(), [method.title for method in METHODS.values() if not method.per_layer]
-    (('raw', 'rollout', 'flow'), ['input gradients', 'blank-out'])
+    (('raw', 'rollout', 'flow'), ['input gradients', 'blank-out', 'AttnLRP'])
     >>> model, tokenizer = load_agreement_model()
     >>> ids = tokenizer(["the keys to the cabinet"], return_tensors="pt")["input_ids"]
     >>> METHODS["rollout"].build(model, tokenizer).attribute(ids, layer=None).shape  # (L, B, n)
@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 from captum_attnflow.attr import (
     ALTI,
+    AttnLRP,
     AttentionFlow,
     AttentionNorm,
     AttentionRollout,
@@ -53,6 +54,9 @@ class Method:
             paper's three, which also give per-head results, ``head=``); False for those reading
             gradients or the model's internals, which need the model itself.
         class_specific: True when ``target`` chooses what is explained (gradients, blank-out).
+        display: keyword arguments of ``attribute`` for maps shown to a person (``explain``,
+            ``figures``, the HTML view), as ``(name, value)`` pairs: gradient-weighted rollout
+            shows the row of R - I, its explained token's own 1 removed.
     """
 
     name: str
@@ -61,6 +65,7 @@ class Method:
     build: Callable[[Any, Any], Any]
     from_attentions: bool = False
     class_specific: bool = False
+    display: tuple = ()
 
 
 def _blank_out(model: Any, tokenizer: Any) -> BlankOut:
@@ -77,12 +82,14 @@ METHODS: dict[str, Method] = {
         Method(
             "gradient_rollout", "gradient-weighted rollout", True,
             lambda model, tokenizer: GradientWeightedRollout(model), class_specific=True,
+            display=(("remove_identity", True),),
         ),
         Method("value_zeroing", "value zeroing", True, lambda model, tokenizer: ValueZeroing(model)),
         Method("alti", "ALTI", True, lambda model, tokenizer: ALTI(model)),
         Method("norm", "attention norm", True, lambda model, tokenizer: AttentionNorm(model)),
         Method("saliency", "input gradients", False, lambda model, tokenizer: TokenSaliency(model), class_specific=True),
         Method("blankout", "blank-out", False, _blank_out, class_specific=True),
+        Method("attnlrp", "AttnLRP", False, lambda model, tokenizer: AttnLRP(model), class_specific=True),
     )
 }
 

@@ -97,8 +97,8 @@ def test_explain_all_methods_at_one_layer(model_dir, tmp_path, capsys):
     printed = capsys.readouterr().out
     header = next(line for line in printed.splitlines() if line.startswith("token "))
     assert header.split()[1:] == ["raw", "L3", "rollout", "L3", "flow", "L3", "gradient_rollout", "L3",
-                                  "value_zeroing", "L3", "alti", "L3", "norm", "L3", "saliency", "blankout"]
-    assert all(len(values) == 9 for occurrences in _table(printed).values() for values in occurrences)
+                                  "value_zeroing", "L3", "alti", "L3", "norm", "L3", "saliency", "blankout", "attnlrp"]
+    assert all(len(values) == 10 for occurrences in _table(printed).values() for values in occurrences)
     assert out.read_bytes().startswith(b"\x89PNG")
 
 

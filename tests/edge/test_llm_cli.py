@@ -32,7 +32,9 @@ def _table(printed: str) -> tuple[list[str], list[str], torch.Tensor]:
 
 def test_generate_explains_the_bundled_language_model(tmp_path, capsys):
     out = tmp_path / "verb.png"
-    assert main(["generate", PROMPT, "--target", "are .", "--method", "flow", "--layer", "3", "--out", str(out)]) == 0
+    page = tmp_path / "verb.html"
+    assert main(["generate", PROMPT, "--target", "are .", "--method", "flow", "--layer", "3", "--out", str(out),
+                 "--html", str(page), "--words"]) == 0
     printed = capsys.readouterr().out
     assert "continuation: are ." in printed
     model, tokenizer = load_agreement_lm()
@@ -41,6 +43,7 @@ def test_generate_explains_the_bundled_language_model(tmp_path, capsys):
     assert columns == ["1:are", "2:."] and tokens == expected.input_tokens
     torch.testing.assert_close(scores, expected.token_attr.T, atol=1e-4, rtol=0)
     assert out.read_bytes().startswith(b"\x89PNG") and f"heatmap written to {out}" in printed
+    assert page.read_text().count('class="caf-cell"') == expected.token_attr.numel()  # a word-level tokenizer: words = tokens
 
 
 def test_generate_continues_with_a_local_encoder_decoder(tmp_path, capsys):

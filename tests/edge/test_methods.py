@@ -8,6 +8,7 @@ import torch
 
 from captum_attnflow import (
     ALTI,
+    AttnLRP,
     AttentionFlow,
     AttentionNorm,
     AttentionRollout,
@@ -26,7 +27,7 @@ def test_each_entry_builds_its_attribution_for_a_model():
     model, tokenizer = AgreementModel(AgreementConfig(num_hidden_layers=2)).eval(), build_tokenizer()
     expected = {"raw": RawAttention, "rollout": AttentionRollout, "flow": AttentionFlow,
                 "gradient_rollout": GradientWeightedRollout, "value_zeroing": ValueZeroing, "alti": ALTI,
-                "norm": AttentionNorm, "saliency": TokenSaliency, "blankout": BlankOut}
+                "norm": AttentionNorm, "saliency": TokenSaliency, "blankout": BlankOut, "attnlrp": AttnLRP}
     assert {name: type(method.build(model, tokenizer)) for name, method in METHODS.items()} == expected
     assert paper_methods() == ("raw", "rollout", "flow")
     assert attention_methods() == ("raw", "rollout", "flow", "gradient_rollout", "value_zeroing", "alti", "norm")

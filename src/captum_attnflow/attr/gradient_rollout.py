@@ -7,7 +7,6 @@ from typing import Any, Iterable, Iterator, Sequence
 import torch
 from captum.attr import GradientAttribution
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from captum_attnflow.attr._base import AttentionAttribution, progress_bar, with_internals_args
 from captum_attnflow.functional.checks import as_mask, default_position, layer_indices, positions
@@ -101,9 +100,15 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         attention_mask: Tensor | None = None,
         contrast: Any = None,
         show_progress: bool | None = None,
+        remove_identity: bool = False,
     ) -> Tensor:
         """Gradient-weighted rollout of ``position`` after ``layer`` for the score ``target``.
 {args}
+            remove_identity (bool, optional): return the row of :math:`R_l - I` instead of
+                :math:`R_l`: the explained position's own 1 from the identity removed, what the
+                authors' scripts read (``R[0, 1:]`` leaves out the [CLS] row's own entry) and
+                what a map shows best, since that 1 dwarfs every other score. Only the entry
+                at ``position`` itself changes, by exactly -1. Default False: the paper's R.
         Returns:
             Tensor: float32 {shapes} Padding gets 0.
 
@@ -118,15 +123,18 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         """
         inputs, args, attention_mask, _ = self._checked_inputs(inputs, additional_forward_args, attention_mask)
         with torch.enable_grad():  # as Captum's gradient methods, also inside torch.no_grad()
-            if self._lean_gradients():
-                return self._streamed(inputs, target, args, position, layer, attention_mask, contrast, show_progress)
-            return self._stored(inputs, target, args, position, layer, attention_mask, contrast, show_progress)
+            compute = self._streamed if self._lean_gradients() else self._stored
+            result, sources, has_axis = compute(inputs, target, args, position, layer, attention_mask, contrast, show_progress)
+        if remove_identity:
+            result = _without_identity(result, sources)
+        return (result if has_axis else result.squeeze(-2)).to(inputs.device)
 
     def _stored(
         self, inputs: Tensor, target: Any, args: tuple, position: Any, layer: int | None, attention_mask: Tensor | None,
         contrast: Any, show_progress: bool | None,
-    ) -> Tensor:
-        """:meth:`attribute` from eager attention's stored probabilities and their gradients."""
+    ) -> tuple[Tensor, Tensor, bool]:
+        """:meth:`attribute` from eager attention's stored probabilities and their gradients:
+        the rows (..., B, S, n), the explained positions (B, S) and whether S is the caller's axis."""
         internals = capture_internals(self.forward_func, inputs, args, attention_mask, gradients=True)
         probabilities = internals.probabilities
         _check_self_attention(p.shape for p in probabilities)
@@ -143,12 +151,14 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         count = sources.shape[1] if output_scores(internals.output).dim() == 3 else 1
         chunk = max(1, _GRADIENT_NUMBERS // sum(p.numel() for p in probabilities))
         rows = []
-        for start in _progress(range(0, count, chunk), count * n * n * len(probabilities), show_progress):
-            for explained, gradients in _gradients(scores, probabilities, start, min(count, start + chunk), count):
-                gradients = [_in_order(internals, g) for g in gradients]
-                rows.append(gradient_weighted_rollout(attentions, gradients, sources[:, explained], layer, mask))
+        with progress_bar(show_progress, inputs, "gradient-weighted rollout", "backward", -(-count // chunk)) as bar:
+            for start in range(0, count, chunk):
+                for explained, gradients in _gradients(scores, probabilities, start, min(count, start + chunk), count):
+                    gradients = [_in_order(internals, g) for g in gradients]
+                    rows.append(gradient_weighted_rollout(attentions, gradients, sources[:, explained], layer, mask))
+                bar.update()
         result = torch.cat(rows, -2)
-        return (result if has_axis else result.squeeze(-2)).to(inputs.device)
+        return result, sources, has_axis
 
     def _lean_gradients(self) -> bool:
         """Whether this call takes the lean path (:mod:`~captum_attnflow.hf.attention_gradients`)."""
@@ -166,8 +176,8 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
     def _streamed(
         self, inputs: Tensor, target: Any, args: tuple, position: Any, layer: int | None, attention_mask: Tensor | None,
         contrast: Any, show_progress: bool | None,
-    ) -> Tensor:
-        """:meth:`attribute` on the lean path: one backward pass per explained score, each layer's
+    ) -> tuple[Tensor, Tensor, bool]:
+        """:meth:`attribute` on the lean path (returns as :meth:`_stored`): one backward pass per explained score, each layer's
         :math:`\\bar A_l` in row blocks from the queries, keys, values and output gradient."""
         capture = capture_attention_gradients(self.forward_func, inputs, args, attention_mask)
         calls = capture.calls
@@ -188,20 +198,22 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         count = sources.shape[1] if output_scores(capture.output).dim() == 3 else 1
         explained = [slice(k, k + 1) for k in range(count)] if count > 1 else [slice(None)]
         rows = []
-        for k, part in enumerate(_progress(explained, count * batch * n * n * len(below), show_progress)):
-            gradients = capture.output_gradients(scores[:, part.start or 0].sum(), below, retain_graph=k < count - 1)
-            streams = [
-                lambda needed, i=i: capture.weighted_blocks(i, gradients[i], needed) for i in below
-            ]
-            if layer is None:
-                rows.append(streamed_relevance_maps_rows(streams, run_sources[:, part], run_mask))
-            else:
-                rows.append(streamed_relevance_rows(streams, run_sources[:, part], run_mask))
+        with progress_bar(show_progress, inputs, "gradient-weighted rollout", "backward", count) as bar:
+            for k, part in enumerate(explained):
+                gradients = capture.output_gradients(scores[:, part.start or 0].sum(), below, retain_graph=k < count - 1)
+                streams = [
+                    lambda needed, i=i: capture.weighted_blocks(i, gradients[i], needed) for i in below
+                ]
+                if layer is None:
+                    rows.append(streamed_relevance_maps_rows(streams, run_sources[:, part], run_mask))
+                else:
+                    rows.append(streamed_relevance_rows(streams, run_sources[:, part], run_mask))
+                bar.update()
         result = torch.cat(rows, -2)
         if capture.order is not None:  # columns from the run's token order back to the inputs'
             back = capture.order.to(device).argsort(dim=-1)
             result = result.gather(-1, back[:, None, :].expand(result.shape))
-        return (result if has_axis else result.squeeze(-2)).to(inputs.device)
+        return result, sources, has_axis
 
     def encoder_decoder_rows(
         self,
@@ -296,17 +308,6 @@ def _token_scores(output: Any, target: Tensor) -> Tensor:
     return logits.gather(-1, target[..., None].to(logits.device)).squeeze(-1)
 
 
-def _progress(steps: Sequence[Any], numbers: int, show: bool | None) -> Iterable[Any]:
-    """``steps`` (backward passes) with a tqdm bar: shown when ``show``, or when None for more
-    than one step whose maps add up to more than about 1e8 numbers."""
-    if show is None:
-        show = len(steps) > 1 and numbers > _PROGRESS_NUMBERS
-    return tqdm(steps, desc="gradient-weighted rollout", unit="backward", disable=not show)
-
-
-_PROGRESS_NUMBERS = 10**8
-
-
 def _check_self_attention(shapes: Iterable[tuple[int, ...]]) -> None:
     """Refuse a model that ran cross-attention (per call (B, H, n_q, n_k) shapes)."""
     if any(shape[-1] != shape[-2] for shape in shapes):
@@ -334,6 +335,13 @@ def _gradients(
 # Gradients of this many numbers (all layers' probabilities, one copy per explained position)
 # are computed in one batched backward.
 _GRADIENT_NUMBERS = 2**27
+
+
+def _without_identity(rows: Tensor, sources: Tensor) -> Tensor:
+    """``rows`` (..., B, S, n) minus 1 at each row's own position ``sources`` (B, S): the row of R - I."""
+    identity = torch.zeros(rows.shape[-3:], dtype=rows.dtype, device=rows.device)
+    identity.scatter_(-1, sources.to(rows.device)[..., None], 1.0)
+    return rows - identity
 
 
 def _in_order(internals: Internals, layer: Tensor) -> Tensor:

@@ -7,13 +7,15 @@ import inspect
 from typing import Any, Iterator, Sequence
 
 import torch
-from captum.attr import Attribution, LLMAttributionResult, TextTokenInput
+from captum.attr import Attribution, TextTokenInput
 from torch import Tensor, nn
 
 from captum_attnflow.attr.alti import ALTI
 from captum_attnflow.attr.attention_norm import AttentionNorm
+from captum_attnflow.attr.attnlrp import AttnLRP
 from captum_attnflow.attr.flow import AttentionFlow
 from captum_attnflow.attr.gradient_rollout import GradientWeightedRollout
+from captum_attnflow.attr.llm_result import LLMAttentionAttributionResult
 from captum_attnflow.attr.raw_attention import RawAttention
 from captum_attnflow.attr.rollout import AttentionRollout
 from captum_attnflow.attr.value_zeroing import ValueZeroing
@@ -37,42 +39,6 @@ _JOINT_GRAPH = {
 }
 
 
-class LLMAttentionAttributionResult(LLMAttributionResult):
-    """Captum's :class:`~captum.attr.LLMAttributionResult` with the shares that fall outside the prompt.
-
-    ``token_attr`` (n_out, n_in), ``seq_attr`` (n_in), ``input_tokens``, ``output_tokens``,
-    ``plot_token_attr()`` and ``plot_seq_attr()`` are Captum's. Added:
-
-    Attributes:
-        output_attr: (n_out, n_out), ``[t, k]`` the score of output token ``k`` (as an input
-            of later positions) for the position that predicts output token ``t``; 0 for
-            ``k >= t``, which that position cannot see.
-        sink_attr: (n_out,), the score of the first prompt token (BOS, or the first word when
-            the tokenizer adds none), also when ``drop_sink=True`` leaves it out of ``token_attr``.
-        decoder_start_attr: (n_out,) for an encoder-decoder, the score of the decoder's start
-            token; None for a decoder-only model.
-    """
-
-    def __init__(
-        self,
-        *,
-        input_tokens: list[str],
-        output_tokens: list[str],
-        seq_attr: Tensor,
-        token_attr: Tensor,
-        output_attr: Tensor,
-        sink_attr: Tensor,
-        decoder_start_attr: Tensor | None = None,
-        inp: Any = None,
-    ) -> None:
-        super().__init__(
-            input_tokens=input_tokens, output_tokens=output_tokens, seq_attr=seq_attr, token_attr=token_attr, inp=inp
-        )
-        self.output_attr = output_attr
-        self.sink_attr = sink_attr
-        self.decoder_start_attr = decoder_start_attr
-
-
 class LLMAttentionAttribution(Attribution):
     """An attention method's scores of a language model's prompt for each token it writes.
 
@@ -93,6 +59,8 @@ class LLMAttentionAttribution(Attribution):
       gradient of its own logit at the position that writes it (all positions from one forward
       pass and batched backward passes); on an encoder-decoder with Chefer et al.'s co-attention
       rules (:meth:`~captum_attnflow.GradientWeightedRollout.encoder_decoder_rows`).
+      :class:`~captum_attnflow.AttnLRP` does the same on decoder-only models (one backward pass per
+      output token, its relevance not normalised).
       :class:`~captum_attnflow.ValueZeroing`, :class:`~captum_attnflow.ALTI` and
       :class:`~captum_attnflow.AttentionNorm` explain decoder-only models of the architecture table.
 
@@ -100,8 +68,8 @@ class LLMAttentionAttribution(Attribution):
         attr_method: a :class:`~captum_attnflow.RawAttention`,
             :class:`~captum_attnflow.AttentionRollout`, :class:`~captum_attnflow.AttentionFlow`,
             :class:`~captum_attnflow.GradientWeightedRollout`, :class:`~captum_attnflow.ValueZeroing`,
-            :class:`~captum_attnflow.ALTI` or :class:`~captum_attnflow.AttentionNorm` built on the
-            Hugging Face model itself.
+            :class:`~captum_attnflow.ALTI`, :class:`~captum_attnflow.AttentionNorm` or
+            :class:`~captum_attnflow.AttnLRP` built on the Hugging Face model itself.
         tokenizer: the model's tokenizer.
 
     Raises:
@@ -110,6 +78,7 @@ class LLMAttentionAttribution(Attribution):
 
     SUPPORTED_METHODS = (
         RawAttention, AttentionRollout, AttentionFlow, GradientWeightedRollout, ValueZeroing, ALTI, AttentionNorm,
+        AttnLRP,
     )
 
     def __init__(self, attr_method: Attribution, tokenizer: Any) -> None:
@@ -170,8 +139,8 @@ class LLMAttentionAttribution(Attribution):
                 model (both give the same scores); None uses the tokenizer's. Encoder-decoders
                 pad the source on the right.
             contrast_target: a contrastive explanation (Yin & Neubig, EMNLP 2022; inseq's
-                ``contrast_targets``) with :class:`~captum_attnflow.GradientWeightedRollout` on
-                a decoder-only model: output token :math:`t` is explained by the gradient of
+                ``contrast_targets``) with :class:`~captum_attnflow.GradientWeightedRollout` or
+                :class:`~captum_attnflow.AttnLRP` on a decoder-only model: output token :math:`t` is explained by the gradient of
                 its logit minus the logit of contrast token :math:`t` at the same position,
                 why the model wrote ``"are"`` rather than ``"is"``. A string or token ids as
                 ``target`` (a list, one per prompt); as many tokens as a given target, and a
@@ -352,9 +321,9 @@ class LLMAttentionAttribution(Attribution):
         self, prompts: list[Tensor], outputs: list[Tensor], targets: list, contrasts: list, device: torch.device
     ) -> tuple[list[Tensor], list[Tensor]]:
         """The outputs (generated ones cut to their contrast's length) and the contrast token ids."""
-        if not isinstance(self.attr_method, GradientWeightedRollout) or self.encoder_decoder:
+        if not isinstance(self.attr_method, (GradientWeightedRollout, AttnLRP)) or self.encoder_decoder:
             raise TypeError(
-                "contrast_target explains the difference of two logits by its gradient: wrap GradientWeightedRollout "
+                "contrast_target explains the difference of two logits by its gradient: wrap GradientWeightedRollout or AttnLRP "
                 f"built on a decoder-only model, got {type(self.attr_method).__name__}"
                 + (" on an encoder-decoder." if self.encoder_decoder else ".")
             )
@@ -392,7 +361,7 @@ class LLMAttentionAttribution(Attribution):
             method = type(self.attr_method)(lambda _inputs: attentions)
         else:  # methods that read gradients or the model's internals run the model themselves, once
             method = self.attr_method
-            if isinstance(method, GradientWeightedRollout):  # each position explains the token it writes
+            if isinstance(method, (GradientWeightedRollout, AttnLRP)):  # each position explains the token it writes
                 kwargs = {"target": ids.gather(1, position + 1), **kwargs}
                 if kwargs.get("contrast") is not None:  # the contrast token at the same place, (B, max n_out)
                     contrast, _, _ = _pad(kwargs["contrast"], 0, "right")
@@ -479,6 +448,8 @@ class LLMAttentionAttribution(Attribution):
             sink_attr=prompt_rows[:, 0].clone(),
             decoder_start_attr=decoder_start,
             inp=text,
+            method=type(self.attr_method).__name__,
+            model_name=str(getattr(getattr(self.model, "config", None), "name_or_path", "") or ""),
         )
 
 

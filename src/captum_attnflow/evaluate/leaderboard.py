@@ -50,8 +50,8 @@ class Leaderboard:
         <BLANKLINE>
         | method | score |
         |---|---|
-        | rollout | 0.29 [0.28, 0.31] #1 |
         | raw | 0.30 [0.29, 0.32] #1 |
+        | rollout | 0.29 [0.28, 0.31] #1 |
         | random | 0.11 [0.09, 0.13] #3 |
         <BLANKLINE>
         Best: raw; not significantly different from it (Wilcoxon signed-rank, Holm-adjusted, alpha = 0.05): rollout
@@ -122,9 +122,10 @@ class Leaderboard:
         return rows
 
     def to_markdown(self, digits: int = 3) -> str:
-        """One table per metric, methods as rows and layers L1..Ln as columns (a ``score``
-        column for methods without layers), cells "mean [low, high] #rank"; under it the
-        best entry and those not significantly different from it (see the class example)."""
+        """One table per metric, methods as rows sorted by rank (a method by its best entry),
+        best first, and layers L1..Ln as columns (a ``score`` column for methods without
+        layers), cells "mean [low, high] #rank"; under it the best entry and those not
+        significantly different from it (see the class example)."""
         blocks = []
         for metric in self.metrics:
             ranking = self.ranking(metric)
@@ -138,7 +139,10 @@ class Leaderboard:
                 "| method | " + " | ".join(columns) + " |",
                 "|---|" + "---|" * len(columns),
             ]
-            for method in dict.fromkeys(row["method"] for row in rows):
+            order = ranking.by_rank()
+            methods = sorted(dict.fromkeys(row["method"] for row in rows), key=lambda method: min(
+                order.index(_entry(method, row["layer"])) for row in rows if row["method"] == method))
+            for method in methods:
                 cells = {
                     _column(row["layer"]): format_interval(ranking.intervals[_entry(method, row["layer"])], digits) + f" #{row['rank']}"
                     for row in rows if row["method"] == method
@@ -180,13 +184,62 @@ class Leaderboard:
                     **row, "layer": "" if row["layer"] is None else row["layer"], "not_different": "; ".join(row["not_different"]),
                 })
 
-    def plot(self, ax=None):
-        """Matplotlib figure, one panel per metric: layers on x, one line per method with its
-        confidence band; methods without layers as a dashed horizontal line and band.
+    def save(self, path: str | Path, compress: bool = False) -> list[Path]:
+        """Write the per-example values, directions and settings as JSON + safetensors (one
+        zip with ``compress=True``), see :mod:`captum_attnflow.saving`; the rankings are
+        computed again on load. Returns the files written.
+
+        Example::
+
+            >>> import tempfile
+            >>> board = Leaderboard({("raw", "sufficiency", 1): [0.2, 0.4, 0.3]}, n_resamples=99)
+            >>> with tempfile.TemporaryDirectory() as folder:
+            ...     loaded = Leaderboard.load(board.save(f"{folder}/board.json")[0])
+            >>> loaded == board
+            True
+        """
+        from captum_attnflow.saving import save_result
+
+        keys = list(self.values)
+        fields = dict(keys=keys, higher_is_better=self.higher_is_better, alpha=self.alpha, confidence=self.confidence,
+                      n_resamples=self.n_resamples, seed=self.seed)
+        return save_result(path, "Leaderboard", fields, {f"values/{i}": self.values[key] for i, key in enumerate(keys)}, compress)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Leaderboard":
+        """Read a leaderboard written by :meth:`save` (example there).
+
+        Raises:
+            ValueError: not such a file, or one of a newer format version.
+        """
+        from captum_attnflow.saving import load_result
+
+        fields, arrays = load_result(path, "Leaderboard")
+        values = {tuple(key): arrays[f"values/{i}"] for i, key in enumerate(fields["keys"])}
+        return cls(values, fields["higher_is_better"], fields["alpha"], fields["confidence"], fields["n_resamples"], fields["seed"])
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Leaderboard):
+            return NotImplemented
+        settings = (self.higher_is_better, self.alpha, self.confidence, self.n_resamples, self.seed)
+        return settings == (other.higher_is_better, other.alpha, other.confidence, other.n_resamples, other.seed) and (
+            list(self.values) == list(other.values)
+            and all(np.array_equal(self.values[key], other.values[key], equal_nan=True) for key in self.values)
+        )
+
+    def plot(self, ax=None, kind: str | None = None, **kwargs):
+        """Matplotlib figure, one panel per metric: forest plots (methods by rank, best on
+        top, intervals as bars, see :func:`~captum_attnflow.visualize_forest.plot_forest`),
+        or, for per-layer methods, layers on x with one line and confidence band per method
+        (methods without layers as a dashed line and band).
 
         Args:
             ax: one matplotlib axes per metric (an array of them, or one axes for one metric);
                 None (default) makes a new figure, not registered with pyplot.
+            kind: ``"forest"`` or ``"layers"``; None (default) draws layers when some method
+                has several layers, else forest plots.
+            kwargs: passed on to :func:`~captum_attnflow.visualize_forest.plot_forest`
+                (``floor``, ``columns``, ``title``, ``metrics``).
 
         Returns:
             matplotlib.figure.Figure: the figure drawn on.
@@ -195,9 +248,20 @@ class Leaderboard:
 
             >>> board = Leaderboard({("raw", "log-odds", 1): [-0.2, -0.4, -0.3], ("raw", "log-odds", 2): [-0.5, -0.1, -0.3]},
             ...     n_resamples=99)
-            >>> len(board.plot().axes)  # one panel per metric
-            1
+            >>> len(board.plot().axes), board.plot().axes[0].get_xlabel()  # one panel per metric, over layers
+            (1, 'layer')
+            >>> board.plot(kind="forest").axes[0].get_yticklabels()[0].get_text()  # the best entry on top (a tie here)
+            'raw L1'
         """
+        if kind not in (None, "forest", "layers"):
+            raise ValueError(f"kind must be 'forest', 'layers' or None, got {kind!r}.")
+        layered = any(sum(1 for key in self.values if key[:2] == (method, metric)) > 1 for method, metric, _ in self.values)
+        if kind == "forest" or (kind is None and not layered):
+            from captum_attnflow.visualize_forest import plot_forest
+
+            return plot_forest(self, ax=ax, **kwargs)
+        if kwargs:
+            raise ValueError(f"{sorted(kwargs)} are options of the forest plot: pass kind='forest' with them.")
         from matplotlib.figure import Figure
 
         metrics = self.metrics

@@ -307,36 +307,76 @@ class ComparisonResult:
             axes_.legend()
         return figure
 
-    def save(self, path: str | Path) -> None:
-        """Save the per-example scores (``.npz``), to merge or resume later with :meth:`load`.
+    def save(self, path: str | Path, compress: bool = False) -> list[Path]:
+        """Save the per-example scores and faithfulness values, to merge, resume or look at later
+        with :meth:`load`: JSON (keys, directions) + safetensors (the values) beside it, or one
+        zip with ``compress=True`` (see :mod:`captum_attnflow.saving`); a path ending in
+        ``.npz`` writes the numpy archive of :meth:`arrays` instead.
 
         Args:
-            path: the file to write; numpy appends ``.npz`` when the name lacks it.
+            path: the file to write (``.json`` or ``.zip`` added when missing).
+            compress: one deflated zip.
+
+        Returns:
+            list[Path]: the files written.
 
         Example::
 
             >>> import tempfile
             >>> result = ComparisonResult([3, 4], {("raw", "grad", 1): [0.2, 0.4]})
             >>> with tempfile.TemporaryDirectory() as folder:
-            ...     result.save(f"{folder}/scores.npz")
-            ...     loaded = ComparisonResult.load(f"{folder}/scores.npz")
-            >>> loaded.example_ids.tolist(), loaded.scores[("raw", "grad", 1)].tolist()
-            ([3, 4], [0.2, 0.4])
+            ...     written = result.save(f"{folder}/scores.json")
+            ...     loaded = ComparisonResult.load(written[0])
+            >>> loaded.example_ids.tolist(), loaded.scores[("raw", "grad", 1)].tolist(), loaded == result
+            ([3, 4], [0.2, 0.4], True)
         """
-        np.savez(path, **self.arrays())
+        if str(path).endswith(".npz"):
+            np.savez(path, **self.arrays())
+            return [Path(path)]
+        from captum_attnflow.saving import save_result
+
+        keys, metric_keys = list(self.scores), list(self.metrics)
+        fields = dict(keys=keys, metric_keys=metric_keys, higher_is_better=self.higher_is_better)
+        arrays = dict(
+            example_ids=self.example_ids,
+            **{f"score/{index}": self.scores[key] for index, key in enumerate(keys)},
+            **{f"metric/{index}": self.metrics[key] for index, key in enumerate(metric_keys)},
+        )
+        return save_result(path, "ComparisonResult", fields, arrays, compress)
 
     @classmethod
     def load(cls, path: str | Path) -> "ComparisonResult":
-        """Read scores written by :meth:`save` (example in :meth:`save`).
+        """Read a result written by :meth:`save` (example there).
 
         Args:
-            path: the ``.npz`` file.
+            path: the ``.json`` or ``.zip`` file (or a ``.npz`` archive).
 
         Returns:
-            ComparisonResult: the same example ids and scores.
+            ComparisonResult: the same example ids, scores and values.
+
+        Raises:
+            ValueError: not such a file, or one of a newer format version.
         """
-        with np.load(path) as data:
-            return cls.from_arrays(data)
+        if str(path).endswith(".npz"):
+            with np.load(path) as data:
+                return cls.from_arrays(data)
+        from captum_attnflow.saving import load_result
+
+        fields, arrays = load_result(path, "ComparisonResult")
+        return cls(
+            arrays["example_ids"],
+            {tuple(key): arrays[f"score/{index}"] for index, key in enumerate(fields["keys"])},
+            {tuple(key): arrays[f"metric/{index}"] for index, key in enumerate(fields["metric_keys"])},
+            fields["higher_is_better"],
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ComparisonResult):
+            return NotImplemented
+        return (
+            np.array_equal(self.example_ids, other.example_ids) and _same_arrays(self.scores, other.scores)
+            and _same_arrays(self.metrics, other.metrics) and self.higher_is_better == other.higher_is_better
+        )
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The result as the named arrays :meth:`save` writes: ``example_ids``, ``keys`` and
@@ -412,3 +452,8 @@ class ComparisonResult:
 
 def _column(layer: int | None) -> str:
     return "score" if layer is None else f"L{layer}"
+
+
+def _same_arrays(first: Mapping, second: Mapping) -> bool:
+    """The same keys in the same order, and equal values (NaN equal to NaN)."""
+    return list(first) == list(second) and all(np.array_equal(first[key], second[key], equal_nan=True) for key in first)

@@ -172,6 +172,10 @@ class Ranking:
         row = self.pvalues[self.names.index(name)]
         return [other for other, p in zip(self.names, row) if other != name and not p < self.alpha]
 
+    def by_rank(self) -> list[str]:
+        """The methods by rank, then by mean: best first (what tables and forest plots list)."""
+        return sorted(self.names, key=lambda name: (self.ranks[name], self.names.index(name)))
+
     def rows(self) -> list[dict]:
         """One dict per method, best first: ``name``, ``mean``, ``low``, ``high``, ``count``,
         ``rank`` and ``not_different`` (a list of names)."""

@@ -16,16 +16,19 @@ from captum_attnflow.hf.inputs import (
     unpack_inputs,
     warn_unmasked_padding,
 )
+from captum_attnflow.hf.lrp import LRPRun, attnlrp_forward
 from captum_attnflow.hf.models import check_device, hf_models, main_model, outermost, owning_module
 from captum_attnflow.hf.seq2seq import Seq2SeqAttentions, seq2seq_attentions, seq2seq_gradient_internals
 from captum_attnflow.hf.scores import ScoreForward, class_scores, input_embeddings, output_scores, target_indices, target_scores, token_id
 from captum_attnflow.hf.state import eager_attention, exclusive, hooks_restored, implementation, model_call, unchanged
 
 __all__ = [
+    "LRPRun",
     "ScoreForward",
     "Seq2SeqAttentions",
     "as_tuple",
     "attentions_of",
+    "attnlrp_forward",
     "capture_graph",
     "check_device",
     "check_mask_not_in_args",

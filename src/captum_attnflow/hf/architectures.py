@@ -15,6 +15,7 @@ that interface does not pass.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
@@ -40,12 +41,25 @@ class Architecture:
             input ``x`` (..., n, D) and the projected attention output (..., n, D): residual,
             norms and feed-forward, in eval mode. Leading axes broadcast, so many variants of
             one layer run in one call.
+        gated_unit: ``block -> (activation, up projection)`` of a gated feed-forward
+            :math:`W_d(\\mathrm{act}(W_g x) \\odot W_u x)` (Llama-style), the two modules whose
+            outputs are multiplied; None where the feed-forward has no gate.
+        class_tokens: names of the learned token embeddings (parameters (1, 1, D)) that the
+            vision embeddings put before the patches, in order (ViT's ``cls_token``, DeiT's
+            ``cls_token`` and ``distillation_token``), on the module holding the patch embeddings.
+        lrp: whether AttnLRP's rules cover every nonlinearity of the family's models (its
+            norms and activations are modules, the gated product is listed); False where one is
+            a plain function call that no hook can reach (RoBERTa's classification head calls
+            ``torch.tanh``).
     """
 
     blocks: tuple[str, ...]
     output_projection: Callable[[nn.Module], nn.Module]
     post_norm: Callable[[nn.Module], nn.LayerNorm] | None
     after_attention: Callable[[nn.Module, Tensor, Tensor], Tensor]
+    gated_unit: Callable[[nn.Module], tuple[nn.Module, nn.Module]] | None = None
+    class_tokens: tuple[str, ...] = ()
+    lrp: bool = True
 
 
 def _bert_after(block: nn.Module, x: Tensor, attention: Tensor) -> Tensor:
@@ -79,6 +93,7 @@ _BERT = Architecture(
     lambda block: block.attention.output.LayerNorm,
     _bert_after,
 )
+_ROBERTA = dataclasses.replace(_BERT, lrp=False)
 _DISTILBERT = Architecture(
     ("TransformerBlock",), lambda block: block.attention.out_lin, lambda block: block.sa_layer_norm, _distilbert_after
 )
@@ -88,13 +103,17 @@ _LLAMA = Architecture(
     lambda block: block.self_attn.o_proj,
     None,
     _llama_after,
+    gated_unit=lambda block: (block.mlp.act_fn, block.mlp.up_proj),
 )
-_VIT = Architecture(("ViTLayer", "DeiTLayer"), lambda block: block.attention.o_proj, None, _vit_after)
+_VIT = Architecture(
+    ("ViTLayer", "DeiTLayer"), lambda block: block.attention.o_proj, None, _vit_after,
+    class_tokens=("cls_token", "distillation_token"),
+)
 
 ARCHITECTURES: dict[str, Architecture] = {
     "bert": _BERT,
-    "roberta": _BERT,
-    "xlm-roberta": _BERT,
+    "roberta": _ROBERTA,
+    "xlm-roberta": _ROBERTA,
     "distilbert": _DISTILBERT,
     "gpt2": _GPT2,
     "captum_attnflow_agreement": _GPT2,  # the bundled classifier and tagger are made of GPT-2 blocks
@@ -105,6 +124,11 @@ ARCHITECTURES: dict[str, Architecture] = {
     "vit": _VIT,
     "deit": _VIT,
 }
+
+
+# Root-mean-square norms, :math:`y = w \odot x / \sqrt{\overline{x^2} + \epsilon}` with ``weight``
+# w and ``variance_epsilon`` (LayerNorms are ``nn.LayerNorm``).
+RMS_NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm")
 
 
 def architecture_of(forward_func: object, method: str) -> tuple[Architecture, list[nn.Module]]:

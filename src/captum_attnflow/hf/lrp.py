@@ -1,0 +1,339 @@
+"""AttnLRP's rules (Achtibat et al., ICML 2024) as the model's own backward pass, modified.
+
+Layer-wise relevance propagation with the ε-rule at ε = 0 equals gradient × input when every
+layer's backward multiplies by a *rule Jacobian* :math:`J'` with :math:`J' x + b = y` (b: what the
+layer's biases keep); the relevance reaching a tensor x is then :math:`x \\odot \\tilde\\nabla_x y_t`.
+Linear layers, embeddings, rotary positions and residual sums keep their plain gradient; the
+others get AttnLRP's rules here, for one forward pass, by three means that leave the model's
+forward values untouched (each rule returns the model's own output, only its gradient differs):
+
+* an attention function registered with transformers' attention-function interface scales the
+  gradients of the queries and keys by 1/4 and of the values by 1/2, then runs the model family's
+  own eager attention. Queries and keys meet only in :math:`q k^\\top`, the probabilities and
+  values only in :math:`A v`, so this is the uniform rule on both bilinear products (each factor
+  half of the relevance; q and k a half of the half A receives); the softmax keeps its plain
+  gradient, which in gradient × input form is the paper's Proposition 3.1,
+  :math:`R_{in} = s_{in} \\odot (R_{out} - p \\sum R_{out})` with s the scores and p the
+  probabilities;
+* forward hooks on the norms: LayerNorm and RMSNorm by the identity rule on their division,
+  :math:`1/\\sigma` held constant (LayerNorm's centring and both affine parts keep their gradient);
+* forward hooks on element-wise activations (GELU, SiLU, tanh, ...): the identity rule,
+  gradient :math:`f(x)/x`; and on the two factors of a gated feed-forward (the architecture
+  table's ``gated_unit``), gradient scaled by 1/2: the uniform rule on :math:`\\mathrm{act}(g) \\odot u`.
+
+The relevance of token j is :math:`\\sum_d e_{jd} \\tilde\\nabla_{e_{jd}} y_t`, e the token
+embeddings (the input embedding layer's output; for a vision transformer the patch embeddings
+and its learned class tokens). The model is left as it was (attention implementation, mode,
+hooks), also when the call raises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import torch
+import transformers.activations
+from torch import Tensor, nn
+from transformers import AttentionInterface, PreTrainedModel
+from transformers.masking_utils import AttentionMaskInterface, eager_mask
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from captum_attnflow.hf.architectures import RMS_NORMS, Architecture, architecture_of
+from captum_attnflow.hf.capture import in_run_order, real_tokens_first_call
+from captum_attnflow.hf.inputs import as_tuple, check_mask_not_in_args, mask_keyword
+from captum_attnflow.hf.internals import _eager_function
+from captum_attnflow.hf.models import check_device, main_model, owning_module
+from captum_attnflow.hf.scores import input_embeddings
+from captum_attnflow.hf.state import implementation, unchanged
+
+_NAME = "captum_attnflow_attnlrp"
+_REGISTERED = threading.Lock()
+
+# Element-wise activations of torch (transformers' own are every module of transformers.activations).
+_TORCH_ACTIVATIONS = (
+    nn.GELU, nn.SiLU, nn.Tanh, nn.ReLU, nn.Sigmoid, nn.Mish, nn.ELU, nn.LeakyReLU, nn.Softplus, nn.Hardswish,
+)
+
+
+@dataclass
+class LRPRun:
+    """One forward pass under AttnLRP's rules.
+
+    Attributes:
+        output: what the model returned (its scores in the autograd graph of the rules).
+        embeddings: (B, n, D) the leaf whose modified gradient is read: the token embeddings
+            (text), or the embedded sequence before the first block (vision transformers).
+        tokens: (B, n, D) the token embeddings themselves, detached (the relevance of token j is
+            ``(tokens * gradient)[:, j].sum(-1)``).
+        order: (B, n) the run's token order when a left-padded batch ran with its real tokens
+            first, else None.
+        causal: whether the first attention layer was causal (each query sees only earlier keys).
+        attended: whether an attention layer ran under the rules.
+    """
+
+    output: Any = None
+    embeddings: Tensor | None = None
+    tokens: Tensor | None = None
+    order: Tensor | None = None
+    causal: bool = False
+    attended: bool = False
+
+    def run_positions(self, positions: Tensor) -> Tensor:
+        """(B, S) positions of the inputs, as positions in the run."""
+        return positions if self.order is None else in_run_order(positions, self.order)
+
+    def relevance(self, score: Tensor, retain_graph: bool = False) -> Tensor:
+        """(B, n) relevance of every token for ``score`` (B,) (selected from ``output`` with autograd
+        on), one backward pass, in the inputs' order."""
+        (gradient,) = torch.autograd.grad(score.sum(), self.embeddings, retain_graph=retain_graph)
+        relevance = (self.tokens * gradient).sum(-1)
+        return relevance if self.order is None else relevance.gather(1, self.order.argsort(-1))
+
+
+_CURRENT: contextvars.ContextVar[LRPRun | None] = contextvars.ContextVar("captum_attnflow_attnlrp", default=None)
+
+
+class _GradientScale(torch.autograd.Function):
+    """``x`` itself, its gradient multiplied by ``factor``."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, factor: float) -> Tensor:
+        ctx.factor = factor
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, gradient: Tensor) -> tuple[Tensor, None]:
+        return gradient * ctx.factor, None
+
+
+class _IdentityRule(torch.autograd.Function):
+    """``y = f(x)`` of an element-wise f, with gradient ``factor * f(x) / x`` (0 where x = 0, where
+    the relevance ``x * gradient`` is 0 whatever it is)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, y: Tensor, factor: float) -> Tensor:
+        ratio = torch.where(x == 0, torch.zeros_like(y), y / torch.where(x == 0, torch.ones_like(x), x))
+        ctx.save_for_backward(ratio * factor)
+        return y.view_as(y)
+
+    @staticmethod
+    def backward(ctx: Any, gradient: Tensor) -> tuple[Tensor, None, None]:
+        (ratio,) = ctx.saved_tensors
+        return gradient * ratio, None, None
+
+
+def _attnlrp_attention(
+    module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None, **kwargs: Any
+) -> tuple[Tensor, Tensor]:
+    run = _CURRENT.get()
+    if run is not None and not run.attended:
+        run.attended = True
+        run.causal = _is_causal(attention_mask, query.shape[-2], key.shape[-2])
+    query, key, value = _GradientScale.apply(query, 0.25), _GradientScale.apply(key, 0.25), _GradientScale.apply(value, 0.5)
+    return _eager_function(module)(module, query, key, value, attention_mask, **kwargs)
+
+
+def _is_causal(attention_mask: Tensor | None, queries: int, keys: int) -> bool:
+    """Whether an additive (or boolean) eager mask hides every later key from every query."""
+    if attention_mask is None or queries != keys or queries < 2:
+        return False
+    later = torch.ones(queries, keys, dtype=torch.bool, device=attention_mask.device).triu(1)
+    if attention_mask.dtype == torch.bool:
+        hidden = ~attention_mask
+    else:
+        hidden = attention_mask <= torch.finfo(attention_mask.dtype).min / 2
+    return bool(hidden[..., later].all())
+
+
+def _register() -> None:
+    with _REGISTERED:
+        if _NAME not in ALL_ATTENTION_FUNCTIONS:
+            AttentionInterface.register(_NAME, _attnlrp_attention)
+            AttentionMaskInterface.register(_NAME, eager_mask)
+
+
+class _NormRule(torch.autograd.Function):
+    """The norm's output ``y``, with the gradient of :math:`x \\mapsto w \\odot P x / \\sigma` at
+    :math:`\\sigma` held constant: P the centring :math:`I - \\tfrac1D 1 1^\\top` (LayerNorm) or
+    the identity (RMSNorm). Saves only :math:`\\sigma` (..., 1) and w, less than the norm's own backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, y: Tensor, weight: Tensor | None, sigma: Tensor, centred: bool) -> Tensor:
+        ctx.save_for_backward(weight, sigma)
+        ctx.centred = centred
+        return y.view_as(y)
+
+    @staticmethod
+    def backward(ctx: Any, gradient: Tensor) -> tuple[Tensor | None, ...]:
+        weight, sigma = ctx.saved_tensors
+        scaled = (gradient if weight is None else gradient * weight) / sigma
+        if ctx.centred:
+            scaled = scaled - scaled.mean(-1, keepdim=True)
+        return scaled.to(gradient.dtype), None, None, None, None
+
+
+def _layer_norm_rule(module: nn.LayerNorm, args: tuple, output: Tensor) -> Tensor:
+    x = args[0].detach()
+    sigma = (x.var(-1, unbiased=False, keepdim=True) + module.eps).sqrt()
+    weight = None if module.weight is None else module.weight.detach()
+    return _NormRule.apply(args[0], output.detach(), weight, sigma, True)
+
+
+def _rms_norm_rule(module: nn.Module, args: tuple, output: Tensor) -> Tensor:
+    x = args[0].detach().float()
+    sigma = (x.pow(2).mean(-1, keepdim=True) + module.variance_epsilon).sqrt()
+    return _NormRule.apply(args[0], output.detach(), module.weight.detach(), sigma, False)
+
+
+def _activation_rule(factor: float) -> Callable[[nn.Module, tuple, Tensor], Tensor]:
+    def rule(module: nn.Module, args: tuple, output: Tensor) -> Tensor:
+        return _IdentityRule.apply(args[0], output.detach(), factor)
+
+    return rule
+
+
+def _halved(module: nn.Module, args: tuple, output: Tensor) -> Tensor:
+    return _GradientScale.apply(output, 0.5)
+
+
+def _is_activation(module: nn.Module) -> bool:
+    return isinstance(module, _TORCH_ACTIVATIONS) or type(module).__module__ == transformers.activations.__name__
+
+
+def _rule_hooks(model: nn.Module, architecture: Architecture, blocks: list[nn.Module]) -> list[tuple[nn.Module, Callable]]:
+    """``(module, forward hook)`` for every norm, activation and gated factor of ``model``.
+
+    Raises:
+        ValueError: a norm the rules do not know (its identity rule needs its formula).
+    """
+    gated = [architecture.gated_unit(block) for block in blocks] if architecture.gated_unit is not None else []
+    gates = {id(activation) for activation, _ in gated}
+    hooks: list[tuple[nn.Module, Callable]] = [(up, _halved) for _, up in gated]
+    for module in model.modules():
+        name = type(module).__name__
+        if isinstance(module, nn.LayerNorm):
+            hooks.append((module, _layer_norm_rule))
+        elif name in RMS_NORMS:
+            hooks.append((module, _rms_norm_rule))
+        elif "Norm" in name:
+            raise ValueError(
+                f"AttnLRP knows LayerNorm and the RMS norms {RMS_NORMS}; the model has a {name}, whose "
+                "identity rule needs its formula: add it to captum_attnflow.hf.architectures."
+            )
+        elif _is_activation(module):
+            hooks.append((module, _activation_rule(0.5 if id(module) in gates else 1.0)))
+    return hooks
+
+
+@contextlib.contextmanager
+def _rules(model: nn.Module, architecture: Architecture, blocks: list[nn.Module], run: LRPRun) -> Iterator[None]:
+    """Install the rules and the embedding leaf on ``model`` for the block; removed on exit."""
+    handles = [module.register_forward_hook(hook) for module, hook in _rule_hooks(model, architecture, blocks)]
+    handles += _embedding_hooks(model, architecture, run)
+    token = _CURRENT.set(run)
+    try:
+        yield
+    finally:
+        _CURRENT.reset(token)
+        for handle in handles:
+            handle.remove()
+
+
+def _embedding_hooks(model: nn.Module, architecture: Architecture, run: LRPRun) -> list[Any]:
+    """Hooks making the first output of the token embeddings the run's leaf (vision transformers:
+    the embedded sequence, with its class tokens and patches as the tokens)."""
+    embedding = input_embeddings(model)
+    if not architecture.class_tokens:
+
+        def leaf(module: nn.Module, args: tuple, output: Tensor) -> Tensor | None:
+            if run.embeddings is not None:
+                return None
+            run.embeddings = output.detach().requires_grad_()
+            run.tokens = run.embeddings.detach()
+            return run.embeddings
+
+        return [embedding.register_forward_hook(leaf)]
+    owner = next((m for m in model.modules() if any(c is embedding for c in m.children())), None)
+    names = [name for name in architecture.class_tokens if isinstance(getattr(owner, name, None), Tensor)]
+    patches: list[Tensor] = []
+
+    def keep_patches(module: nn.Module, args: tuple, output: Tensor) -> None:
+        patches.append(output.detach())
+
+    def sequence_leaf(module: nn.Module, args: tuple, output: Tensor) -> Tensor | None:
+        if run.embeddings is not None:
+            return None
+        run.embeddings = output.detach().requires_grad_()
+        batch = patches[0].shape[0]
+        prefix = [getattr(module, name).detach().expand(batch, 1, -1) for name in names]
+        run.tokens = torch.cat([*prefix, patches[0]], 1).to(output.dtype)
+        if run.tokens.shape != output.shape:
+            raise ValueError(
+                f"the embedded sequence {tuple(output.shape)} is not the class tokens {names} and the "
+                f"{patches[0].shape[1]} patches; AttnLRP reads each token's embedding from them."
+            )
+        return run.embeddings
+
+    return [embedding.register_forward_hook(keep_patches), owner.register_forward_hook(sequence_leaf)]
+
+
+def attnlrp_forward(
+    forward_func: Callable[..., Any],
+    inputs: Tensor,
+    additional_forward_args: Any = None,
+    attention_mask: Tensor | None = None,
+) -> LRPRun:
+    """Run ``forward_func`` once under AttnLRP's rules (see the module docstring).
+
+    Called like :func:`~captum_attnflow.hf.internals.capture_internals`: a Hugging Face model as
+    ``model(inputs, *additional_forward_args, attention_mask=attention_mask)``, a left-padded batch
+    with each row's real tokens first (``LRPRun.order``); a module containing one as
+    ``forward_func(inputs, *additional_forward_args)`` (plus ``attention_mask=`` where its forward
+    takes it). Autograd is on for the pass also inside ``torch.no_grad()``; parameters' ``.grad``
+    are never touched (:meth:`LRPRun.relevance` differentiates with respect to the leaf only).
+
+    Raises:
+        TypeError: ``forward_func`` holds no Hugging Face model.
+        ValueError: a model type outside the architecture table or whose rules are incomplete there,
+            or a model that ran no attention through transformers' interface.
+    """
+    module = owning_module(forward_func)
+    model = main_model(forward_func)
+    if module is None or model is None:
+        raise TypeError(
+            f"forward_func must be a Hugging Face model or a module containing one, got {type(forward_func).__name__}; "
+            "AttnLRP modifies the backward pass of the model's own layers."
+        )
+    architecture, blocks = architecture_of(forward_func, "AttnLRP")
+    if not architecture.lrp:
+        raise ValueError(
+            f"AttnLRP's rules do not cover the {model.config.model_type!r} models: a nonlinearity is a plain "
+            "function call no hook reaches (RoBERTa's classification head calls torch.tanh). Use BERT, GPT-2, "
+            "Llama-style or ViT models, or a method of the registry without rules."
+        )
+    check_device(module, inputs)
+    args = as_tuple(additional_forward_args)
+    run = LRPRun()
+    kwargs: dict[str, Any] = {}
+    if isinstance(forward_func, PreTrainedModel):
+        check_mask_not_in_args(forward_func, args, attention_mask)
+        if attention_mask is not None:
+            attention_mask = torch.as_tensor(attention_mask).to(inputs.device)
+        inputs, args, kwargs, run.order = real_tokens_first_call(inputs, args, attention_mask)
+    else:
+        kwargs = mask_keyword(forward_func, args, attention_mask)
+    _register()
+    with unchanged(module), _rules(model, architecture, blocks, run), implementation(module, _NAME):
+        with torch.enable_grad():
+            run.output = forward_func(inputs, *args, **kwargs)
+    if not run.attended or run.embeddings is None:
+        raise ValueError(
+            f"{type(model).__name__} ran no attention through transformers' attention-function interface or never "
+            "called its input embeddings; AttnLRP needs both (BERT, GPT-2, Llama, ViT, ... in transformers 5)."
+        )
+    return run
+

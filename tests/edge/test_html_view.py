@@ -1,0 +1,89 @@
+"""The HTML view in a real browser: headless Chromium renders the page the CLI writes; the test
+reads the DOM after scripts ran and a screenshot."""
+
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+
+from captum_attnflow.attr import LLMAttentionAttributionResult
+from captum_attnflow.cli import main
+from captum_attnflow.explanation import ExplanationResult
+from captum_attnflow.visualize_html import NEGATIVE, POSITIVE, colour
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+needs_browser = pytest.mark.skipif(
+    CHROMIUM is None, reason="no Chromium on PATH (apt-get install chromium; .ci/run installs it)"
+)
+
+
+def _browser(*args: str) -> str:
+    command = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, check=True).stdout
+
+
+def _cells(dom: str) -> list[dict]:
+    pattern = re.compile(r'<td class="caf-cell" style="background-color:rgb\((\d+),(\d+),(\d+)\)[^"]*" '
+                         r'data-score="([^"]+)" data-row="([^"]*)" data-token="([^"]*)" title="([^"]*)"')
+    return [dict(rgb=tuple(map(int, m[:3])), score=float(m[3]), row=m[4], token=m[5], title=m[6]) for m in pattern.findall(dom)]
+
+
+def test_colour_is_monotone_in_the_score_and_diverges_at_zero():
+    values = np.linspace(-2, 2, 41)
+    # red minus blue channel: rises with the score on both sides of 0
+    key = [colour(v, 1.5)[0] - colour(v, 1.5)[2] for v in values]
+    assert all(a <= b for a, b in zip(key, key[1:])) and key[0] < 0 < key[-1]
+    assert colour(0.0, 1.0) == (255, 255, 255) and colour(5, 1) == POSITIVE and colour(-5, 1) == NEGATIVE
+
+
+@needs_browser
+def test_explain_html_renders_in_chromium(tmp_path):
+    page, shot = tmp_path / "view.html", tmp_path / "view.png"
+    assert main(["explain", "the keys to the cabinet", "--method", "gradient_rollout", "--out", str(tmp_path / "x.png"),
+                 "--html", str(page)]) == 0
+    dom = _browser("--dump-dom", page.as_uri())
+    assert 'data-ready="1"' in dom  # the page's script ran in the browser
+    cells = _cells(dom)
+    tokens = ["[CLS]", "the", "keys", "to", "the", "cabinet"]
+    rows = list(dict.fromkeys(cell["row"] for cell in cells))
+    assert rows == [f"L{k}" for k in range(1, 7)]
+    for row in rows:  # one cell per token per row, in order
+        assert [cell["token"] for cell in cells if cell["row"] == row] == tokens
+    scores = [cell["score"] for cell in cells]
+    redness = [cell["rgb"][0] - cell["rgb"][2] for cell in cells]
+    order = np.argsort(scores, kind="stable")
+    assert all(redness[i] <= redness[j] for i, j in zip(order, order[1:]))  # colours ordered as the scores
+    assert all(cell["title"] == f"{cell['token']}: {cell['score']:.4f}" for cell in cells)  # the hover text
+    # the display convention: the explained [CLS] without the identity's 1 (R - I), so not the darkest
+    assert max(c["score"] for c in cells if c["row"] == "L6") > next(c["score"] for c in cells if c["row"] == "L6")
+    _browser("--window-size=900,700", f"--screenshot={shot}", page.as_uri())
+    from PIL import Image
+
+    image = np.asarray(Image.open(shot).convert("RGB")).astype(int)
+    reddish = (image[..., 0] - image[..., 2] > 60).sum()
+    assert image.std() > 10 and reddish > 500  # not blank: text and coloured cells drawn
+
+
+@needs_browser
+def test_generated_text_view_has_a_row_per_output_token(tmp_path):
+    result = LLMAttentionAttributionResult(
+        input_tokens=["<s>", "▁the", "▁keys"], output_tokens=["▁are", "▁here"], seq_attr=torch.tensor([0.5, 0.1, 0.4]),
+        token_attr=torch.tensor([[0.6, -0.1, 0.3], [0.2, 0.5, -0.3]]), output_attr=torch.zeros(2, 2), sink_attr=torch.tensor([0.6, 0.2]),
+    )
+    page = tmp_path / "generated.html"
+    result.to_html(page)
+    cells = _cells(_browser("--dump-dom", page.as_uri()))
+    assert [cell["row"] for cell in cells] == ["1: ▁are"] * 3 + ["2: ▁here"] * 3
+    assert [cell["score"] for cell in cells] == pytest.approx([0.6, -0.1, 0.3, 0.2, 0.5, -0.3])
+    negative = next(cell for cell in cells if cell["score"] == pytest.approx(-0.3))
+    assert negative["rgb"][2] > negative["rgb"][0]  # below 0: blue
+
+
+def test_repr_html_is_a_fragment_without_network():
+    result = ExplanationResult(["a", "<b>"], {"raw": torch.tensor([[0.2, 0.8], [0.5, 0.5]])}, prediction="x")
+    fragment = result._repr_html_()
+    assert "<!DOCTYPE" not in fragment and "http" not in fragment and "&lt;b&gt;" in fragment
+    assert len(_cells(fragment)) == 4

@@ -1,0 +1,329 @@
+"""Slow float64 AttnLRP (Achtibat et al., ICML 2024) for the tests (not a test module): explicit
+layer-by-layer relevance propagation written from the paper's rules, no autograd.
+
+Each model is recomputed from its weights, one example at a time on its real tokens only (padding
+must change nothing), as a list of nodes in forward order; relevance then flows from the explained
+logit (:math:`R = y_t`) back through the nodes in reverse order, each node splitting the relevance
+of its output among its inputs by its rule:
+
+* linear map :math:`y = W x + b` (also rotary positions, LayerNorm's centring, the affine parts of
+  norms), ε-rule at ε = 0: :math:`R_{x_i} = x_i \\sum_j W_{ji} R_{y_j} / y_j` (b keeps the rest);
+* sum :math:`y = \\sum_k a_k` (residuals, embeddings): :math:`R_{a_k} = a_k R_y / y`;
+* element-wise activation, the division of a norm by :math:`\\sigma`: identity, :math:`R_x = R_y`;
+* element-wise product :math:`\\mathrm{act}(g) \\odot u`: uniform, :math:`R_a = R_b = R_y / 2`;
+* attention :math:`O = \\mathrm{softmax}(s q k^\\top + M) v`: the sum over keys by the ε-rule on
+  the terms :math:`A_{ij} v_{jd}`, each term half to :math:`A_{ij}`, half to :math:`v_{jd}`; the
+  softmax by Proposition 3.1, :math:`R_{S_{ij}} = S_{ij}(R_{A_{ij}} - A_{ij} \\sum_k R_{A_{ik}})`;
+  :math:`S = s q k^\\top` by the ε-rule on its terms :math:`s q_{id} k_{jd}`, each half to q, half to k.
+
+Every node also books what its inputs do not receive (:data:`LEDGER` kinds: ``bias``,
+``softmax``), and the embedding leaves are ``token`` or ``other`` (position, token type), so
+``token + other + bias + softmax = logit``.
+
+Supported: BertForSequenceClassification, GPT2LMHeadModel, LlamaForCausalLM (grouped-query heads,
+default rotary, with or without biases), ViTForImageClassification.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+
+LEDGER = ("token", "other", "bias", "softmax")
+
+
+def _ratio(r, y):
+    return torch.where(y == 0, torch.zeros_like(r), r / torch.where(y == 0, torch.ones_like(y), y))
+
+
+class _Tape:
+    """Nodes in forward order: ``(value, parents, rule)``, rule(R_out) -> R of each parent."""
+
+    def __init__(self):
+        self.values, self.parents, self.rules, self.kinds = [], [], [], []
+        self.ledger_bias, self.ledger_softmax = [], []
+
+    def node(self, value, parents=(), rule=None, kind=None):
+        self.values.append(value)
+        self.parents.append(tuple(parents))
+        self.rules.append(rule)
+        self.kinds.append(kind)
+        return len(self.values) - 1
+
+    def v(self, i):
+        return self.values[i]
+
+    # ----- operations, each with its rule
+    def leaf(self, value, kind):
+        return self.node(value, kind=kind)
+
+    def linear(self, x, weight, bias=None):
+        """y = x Wᵀ + b over the last axis (weight (out, in) as nn.Linear stores it)."""
+        X = self.v(x)
+        y = X @ weight.T + (0 if bias is None else bias)
+        return self.node(y, [x], lambda R: self._booked(R, [X * (_ratio(R, y) @ weight)]))
+
+    def _booked(self, R, shares):
+        """The shares, what they leave of R booked as the biases'."""
+        self.ledger_bias.append(float(R.sum() - sum(share.sum() for share in shares)))
+        return shares
+
+    def add(self, *xs):
+        Xs = [self.v(x) for x in xs]
+        y = sum(Xs)
+        return self.node(y, xs, lambda R: [X * _ratio(R, y) for X in Xs])
+
+    def identity(self, x, f):
+        return self.node(f(self.v(x)), [x], lambda R: [R])
+
+    def product(self, a, b):
+        return self.node(self.v(a) * self.v(b), [a, b], lambda R: [R / 2, R / 2])
+
+    def take(self, x, index):
+        """Row(s) ``index`` of the first axis (a token), the others get no relevance."""
+        X = self.v(x)
+
+        def rule(R):
+            out = torch.zeros_like(X)
+            out[index] = R
+            return [out]
+
+        return self.node(X[index], [x], rule)
+
+    def layer_norm(self, x, norm):
+        centred_value = self.v(x) - self.v(x).mean(-1, keepdim=True)
+        X = self.v(x)
+        # the centring, a linear map without bias: R_x = x ⊙ Cᵀ(R_c / c), C = I - 1/D
+        def centring(R):
+            share = _ratio(R, centred_value)
+            return [X * (share - share.mean(-1, keepdim=True))]
+
+        c = self.node(centred_value, [x], centring)
+        sigma = torch.sqrt((centred_value**2).mean(-1, keepdim=True) + norm.eps)
+        n = self.identity(c, lambda value: value / sigma)
+        return self.affine(n, norm.weight, norm.bias)
+
+    def rms_norm(self, x, norm):
+        X = self.v(x)
+        rms = torch.sqrt((X**2).mean(-1, keepdim=True) + norm.variance_epsilon)
+        n = self.identity(x, lambda value: value / rms)
+        return self.affine(n, norm.weight, None)
+
+    def affine(self, x, weight, bias):
+        X = self.v(x)
+        scaled = X * weight
+        y = scaled + (0 if bias is None else bias)
+        return self.node(y, [x], lambda R: self._booked(R, [scaled * _ratio(R, y)]))
+
+    def rotary(self, x, heads, positions, theta):
+        """Llama's rotary positions on (n, heads * d): y = x cos + rotate_half(x) sin, linear in x."""
+        X = self.v(x)
+        n = X.shape[0]
+        d = X.shape[1] // heads
+        inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+        angles = positions[:, None].double() * inv[None]
+        cos = torch.cos(torch.cat([angles, angles], -1))[:, None]  # (n, 1, d)
+        sin = torch.sin(torch.cat([angles, angles], -1))[:, None]
+        h = X.reshape(n, heads, d)
+
+        def rotate(u):
+            return torch.cat([-u[..., d // 2 :], u[..., : d // 2]], -1)
+
+        def rotate_transposed(u):
+            return torch.cat([u[..., d // 2 :], -u[..., : d // 2]], -1)
+
+        y = (h * cos + rotate(h) * sin).reshape(n, heads * d)
+
+        def rule(R):
+            g = _ratio(R, y).reshape(n, heads, d)
+            return [X * (g * cos + rotate_transposed(g * sin)).reshape(n, heads * d)]
+
+        return self.node(y, [x], rule)
+
+    def attention(self, q, k, v, heads, kv_heads, allowed, scale):
+        """Multi-head attention of (n, heads*d) queries over (n, kv_heads*d) keys and values."""
+        Q, K, V = self.v(q), self.v(k), self.v(v)
+        n = Q.shape[0]
+        d = Q.shape[1] // heads
+        group = heads // kv_heads
+        Qh = Q.reshape(n, heads, d).transpose(0, 1)
+        Kh = K.reshape(n, kv_heads, d).transpose(0, 1)[torch.arange(heads) // group]
+        Vh = V.reshape(n, kv_heads, d).transpose(0, 1)[torch.arange(heads) // group]
+        S = scale * Qh @ Kh.transpose(1, 2)  # (H, n, n)
+        A = torch.softmax(S.masked_fill(~allowed, float("-inf")), -1)
+        O = A @ Vh  # (H, n, d)
+        y = O.transpose(0, 1).reshape(n, heads * d)
+        ledger = self.ledger_softmax
+
+        def rule(R):
+            RO = R.reshape(n, heads, d).transpose(0, 1)
+            terms = A[..., None] * Vh[:, None] * _ratio(RO, O)[:, :, None]  # (H, i, j, d): A_ij v_jd R_id / O_id
+            RA = 0.5 * terms.sum(-1)
+            RV = 0.5 * terms.sum(1)
+            RS = torch.where(allowed, S * (RA - A * RA.sum(-1, keepdim=True)), torch.zeros_like(S))
+            ledger.append(float(RA.sum() - RS.sum()))
+            qk = scale * Qh[:, :, None] * Kh[:, None] * _ratio(RS, S)[..., None]  # (H, i, j, d)
+            RQ = 0.5 * qk.sum(2)
+            RK = 0.5 * qk.sum(1)
+            fold = lambda Rh: Rh.reshape(kv_heads, group, n, d).sum(1).transpose(0, 1).reshape(n, kv_heads * d)
+            return [RQ.transpose(0, 1).reshape(n, heads * d), fold(RK), fold(RV)]
+
+        return self.node(y, [q, k, v], rule)
+
+    # ----- relevance
+    def relevance(self, output):
+        """Propagate R = value of node ``output`` (a scalar) back; returns (R of every node, ledger)."""
+        R = [None] * len(self.values)
+        R[output] = self.values[output].clone()
+        for i in range(output, -1, -1):
+            if R[i] is None or self.rules[i] is None:
+                continue
+            for parent, share in zip(self.parents[i], self.rules[i](R[i])):
+                R[parent] = share if R[parent] is None else R[parent] + share
+        return R
+
+
+def _bert(model, ids):
+    bert, config = model.bert, model.config
+    n = ids.shape[0]
+    tape = _Tape()
+    token = tape.leaf(bert.embeddings.word_embeddings.weight[ids], "token")
+    position = tape.leaf(bert.embeddings.position_embeddings.weight[:n], "other")
+    kind = tape.leaf(bert.embeddings.token_type_embeddings.weight[torch.zeros(n, dtype=torch.long)], "other")
+    h = tape.layer_norm(tape.add(token, position, kind), bert.embeddings.LayerNorm)
+    allowed = torch.ones(n, n, dtype=torch.bool)
+    heads = config.num_attention_heads
+    for layer in bert.encoder.layer:
+        att = layer.attention.self
+        q, k, v = (tape.linear(h, m.weight, m.bias) for m in (att.query, att.key, att.value))
+        scale = 1.0 / math.sqrt(config.hidden_size // heads)
+        context = tape.attention(q, k, v, heads, heads, allowed, scale)
+        out = layer.attention.output
+        h = tape.layer_norm(tape.add(tape.linear(context, out.dense.weight, out.dense.bias), h), out.LayerNorm)
+        inner = tape.identity(tape.linear(h, layer.intermediate.dense.weight, layer.intermediate.dense.bias),
+                              layer.intermediate.intermediate_act_fn)
+        h = tape.layer_norm(tape.add(tape.linear(inner, layer.output.dense.weight, layer.output.dense.bias), h),
+                            layer.output.LayerNorm)
+    pooled = tape.identity(tape.linear(tape.take(h, 0), bert.pooler.dense.weight, bert.pooler.dense.bias), torch.tanh)
+    logits = tape.linear(pooled, model.classifier.weight, model.classifier.bias)
+    return tape, logits
+
+
+def _gpt2(model, ids, position):
+    gpt, config = model.transformer, model.config
+    n = ids.shape[0]
+    tape = _Tape()
+    token = tape.leaf(gpt.wte.weight[ids], "token")
+    h = tape.add(token, tape.leaf(gpt.wpe.weight[:n], "other"))
+    allowed = torch.ones(n, n, dtype=torch.bool).tril()
+    heads = config.n_head
+    D = config.n_embd
+    for block in gpt.h:
+        a = tape.layer_norm(h, block.ln_1)
+        weight, bias = block.attn.c_attn.weight.T, block.attn.c_attn.bias  # Conv1D stores (in, out)
+        q, k, v = (tape.linear(a, weight[i * D : (i + 1) * D], bias[i * D : (i + 1) * D]) for i in range(3))
+        context = tape.attention(q, k, v, heads, heads, allowed, 1.0 / math.sqrt(D // heads))
+        h = tape.add(h, tape.linear(context, block.attn.c_proj.weight.T, block.attn.c_proj.bias))
+        m = tape.layer_norm(h, block.ln_2)
+        inner = tape.identity(tape.linear(m, block.mlp.c_fc.weight.T, block.mlp.c_fc.bias), block.mlp.act)
+        h = tape.add(h, tape.linear(inner, block.mlp.c_proj.weight.T, block.mlp.c_proj.bias))
+    h = tape.layer_norm(h, gpt.ln_f)
+    return tape, tape.linear(tape.take(h, position), model.lm_head.weight)
+
+
+def _llama(model, ids, position):
+    base, config = model.model, model.config
+    n = ids.shape[0]
+    tape = _Tape()
+    h = tape.leaf(base.embed_tokens.weight[ids], "token")
+    allowed = torch.ones(n, n, dtype=torch.bool).tril()
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    theta = config.rope_parameters["rope_theta"]
+    positions = torch.arange(n)
+    for layer in base.layers:
+        att = layer.self_attn
+        a = tape.rms_norm(h, layer.input_layernorm)
+        q = tape.rotary(tape.linear(a, att.q_proj.weight, att.q_proj.bias), heads, positions, theta)
+        k = tape.rotary(tape.linear(a, att.k_proj.weight, att.k_proj.bias), kv_heads, positions, theta)
+        v = tape.linear(a, att.v_proj.weight, att.v_proj.bias)
+        context = tape.attention(q, k, v, heads, kv_heads, allowed, att.head_dim**-0.5)
+        h = tape.add(h, tape.linear(context, att.o_proj.weight, att.o_proj.bias))
+        m = tape.rms_norm(h, layer.post_attention_layernorm)
+        mlp = layer.mlp
+        gate = tape.identity(tape.linear(m, mlp.gate_proj.weight, mlp.gate_proj.bias), mlp.act_fn)
+        up = tape.linear(m, mlp.up_proj.weight, mlp.up_proj.bias)
+        h = tape.add(h, tape.linear(tape.product(gate, up), mlp.down_proj.weight, mlp.down_proj.bias))
+    h = tape.rms_norm(h, base.norm)
+    return tape, tape.linear(tape.take(h, position), model.lm_head.weight)
+
+
+def _vit(model, pixels):
+    vit, config = model.vit, model.config
+    tape = _Tape()
+    patches = vit.embeddings.patch_embeddings(pixels[None])[0]  # the patch embeddings: the leaf's values
+    token = tape.leaf(torch.cat([vit.embeddings.cls_token[0], patches]), "token")
+    h = tape.add(token, tape.leaf(vit.embeddings.position_embeddings[0], "other"))
+    n = patches.shape[0] + 1
+    allowed = torch.ones(n, n, dtype=torch.bool)
+    heads = config.num_attention_heads
+    for layer in vit.layers:
+        att = layer.attention
+        a = tape.layer_norm(h, layer.layernorm_before)
+        q, k, v = (tape.linear(a, m.weight, m.bias) for m in (att.q_proj, att.k_proj, att.v_proj))
+        context = tape.attention(q, k, v, heads, heads, allowed, 1.0 / math.sqrt(config.hidden_size // heads))
+        h = tape.add(h, tape.linear(context, att.o_proj.weight, att.o_proj.bias))
+        m = tape.layer_norm(h, layer.layernorm_after)
+        inner = tape.identity(tape.linear(m, layer.mlp.fc1.weight, layer.mlp.fc1.bias), layer.mlp.activation_fn)
+        h = tape.add(h, tape.linear(inner, layer.mlp.fc2.weight, layer.mlp.fc2.bias))
+    h = tape.layer_norm(h, vit.layernorm)
+    return tape, tape.linear(tape.take(h, 0), model.classifier.weight, model.classifier.bias)
+
+
+def attnlrp_reference(model, inputs, target, attention_mask=None, position=None):
+    """AttnLRP relevance of every input token, float64 (B, n), and each example's ledger.
+
+    Args:
+        model: one of the supported models (copied to float64 here).
+        inputs: (B, n) token ids, padded on either side, or (B, C, H, W) pixels.
+        target: (B,) the explained class or token.
+        attention_mask: (B, n) or None.
+        position: (B,) the predicting position of a language model, in ``inputs``' columns.
+
+    Returns:
+        ``(relevance (B, n), ledger)``: padding 0; ``ledger[b]`` maps :data:`LEDGER` kinds and
+        ``"logit"`` to floats with ``token + other + bias + softmax = logit``.
+    """
+    model64 = copy.deepcopy(model).double().eval()
+    kind = model.config.model_type
+    rows, ledgers = [], []
+    with torch.no_grad():
+        for b in range(inputs.shape[0]):
+            if kind == "vit":
+                tape, logits = _vit(model64, inputs[b].double())
+                real = torch.arange(tape.v(0).shape[0])
+            else:
+                real = torch.arange(inputs.shape[1]) if attention_mask is None else attention_mask[b].nonzero().flatten()
+                ids = inputs[b, real]
+                if kind == "bert":
+                    tape, logits = _bert(model64, ids)
+                else:
+                    where = int((real == int(position[b])).nonzero())
+                    tape, logits = (_gpt2 if kind == "gpt2" else _llama)(model64, ids, where)
+            explained = tape.take(logits, int(target[b]))
+            R = tape.relevance(explained)
+            width = tape.v(0).shape[0] if kind == "vit" else inputs.shape[1]
+            row = torch.zeros(width, dtype=torch.float64)
+            ledger = {name: 0.0 for name in LEDGER}
+            for node, node_kind in enumerate(tape.kinds):
+                if node_kind is not None and R[node] is not None:
+                    ledger[node_kind] += float(R[node].sum())
+                    if node_kind == "token":
+                        row[real] = R[node].sum(-1)
+            ledger["softmax"] = sum(tape.ledger_softmax)
+            ledger["logit"] = float(tape.v(explained))
+            ledger["bias"] = sum(tape.ledger_bias)
+            rows.append(row)
+            ledgers.append(ledger)
+    return torch.stack(rows), ledgers

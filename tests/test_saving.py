@@ -1,0 +1,61 @@
+"""Save and load every result: JSON + safetensors beside it, or one zip; equal after the round
+trip; a newer format version refused; no pickle anywhere in the files."""
+
+import json
+import zipfile
+
+import numpy as np
+import pytest
+import torch
+
+from captum_attnflow.attr import LLMAttentionAttributionResult
+from captum_attnflow.evaluate import ComparisonResult, Leaderboard
+from captum_attnflow.explanation import ExplanationResult
+from captum_attnflow.saving import FORMAT_VERSION
+
+
+def _results():
+    generator = torch.Generator().manual_seed(0)
+    llm = LLMAttentionAttributionResult(
+        input_tokens=["<s>", "▁the", "▁keys"], output_tokens=["▁are"], seq_attr=torch.rand(3, generator=generator),
+        token_attr=torch.rand(1, 3, generator=generator), output_attr=torch.zeros(1, 1), sink_attr=torch.rand(1, generator=generator),
+        decoder_start_attr=torch.rand(1, generator=generator).to(torch.bfloat16), method="AttentionRollout", model_name="tiny",
+    )
+    explained = ExplanationResult(["[CLS]", "the", "keys"], {"rollout": torch.rand(6, 3, generator=generator, dtype=torch.float64),
+                                                              "saliency": torch.rand(3, generator=generator)},
+                                  prediction="plural (0.9)", model_name="bundled", units={"rollout": "rollout score"})
+    comparison = ComparisonResult([4, 7], {("raw", "grad", 1): [0.2, np.nan]}, {("raw", "sufficiency", None): [0.1, 0.3]})
+    board = Leaderboard({("raw", "log-odds", None): [-0.2, -0.4, np.nan], ("rollout", "log-odds", None): [-0.1, 0.2, 0.3]}, n_resamples=99)
+    return [llm, explained, comparison, board]
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_round_trip_gives_an_equal_object(tmp_path, compress):
+    for index, result in enumerate(_results()):
+        files = result.save(tmp_path / f"result{index}", compress=compress)
+        assert [path.suffix for path in files] == ([".zip"] if compress else [".json", ".safetensors"])
+        loaded = type(result).load(files[0])
+        assert loaded == result and loaded is not result
+        if compress:
+            assert zipfile.is_zipfile(files[0])
+        else:
+            header = json.loads(files[0].read_text())
+            assert header["format_version"] == FORMAT_VERSION and header["kind"] == type(result).__name__
+            assert header["package_version"]
+    llm = _results()[0]
+    assert not llm == type(llm).load(llm.save(tmp_path / "other")[0]).aggregate_words()  # equality can fail
+
+
+def test_newer_format_and_other_kinds_are_refused(tmp_path):
+    explained = _results()[1]
+    path = explained.save(tmp_path / "explained.json")[0]
+    with pytest.raises(ValueError, match="holds a ExplanationResult, not a Leaderboard"):
+        Leaderboard.load(path)
+    header = json.loads(path.read_text())
+    header["format_version"] = FORMAT_VERSION + 1
+    path.write_text(json.dumps(header))
+    with pytest.raises(ValueError, match="newer than this captum_attnflow reads"):
+        ExplanationResult.load(path)
+    (tmp_path / "other.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="not a saved captum_attnflow result"):
+        ExplanationResult.load(tmp_path / "other.json")
