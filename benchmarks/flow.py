@@ -130,15 +130,22 @@ def minilm_long(n: int) -> tuple[torch.Tensor, float]:
 
 
 def previous_kernel(revision: str):
-    """``max_flows`` of ``functional/_maxflow.py`` at git ``revision``, compiled from a temporary copy."""
+    """``max_flows`` of ``functional/_maxflow`` at git ``revision`` (one file, or a package of
+    modules importing each other relatively), compiled from a temporary copy."""
     root = Path(__file__).resolve().parents[1]
-    source = subprocess.run(
-        ["git", "-C", str(root), "show", f"{revision}:src/captum_attnflow/functional/_maxflow.py"],
+    kernel = "src/captum_attnflow/functional/_maxflow"
+    listed = subprocess.run(
+        ["git", "-C", str(root), "ls-tree", "--name-only", revision, f"{kernel}.py", f"{kernel}/"],
         check=True, capture_output=True, text=True,
-    ).stdout
-    folder = Path(tempfile.mkdtemp(prefix="previous_maxflow_"))
-    (folder / "previous_maxflow.py").write_text(source)
-    spec = importlib.util.spec_from_file_location("previous_maxflow", folder / "previous_maxflow.py")
+    ).stdout.split()
+    folder = Path(tempfile.mkdtemp(prefix="previous_maxflow_")) / "previous_maxflow"
+    folder.mkdir()
+    for path in listed:
+        source = subprocess.run(
+            ["git", "-C", str(root), "show", f"{revision}:{path}"], check=True, capture_output=True, text=True
+        ).stdout
+        (folder / ("__init__.py" if path == f"{kernel}.py" else Path(path).name)).write_text(source)
+    spec = importlib.util.spec_from_file_location("previous_maxflow", folder / "__init__.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules["previous_maxflow"] = module
     spec.loader.exec_module(module)

@@ -10,7 +10,7 @@ from captum_attnflow.adversarial.tasks import chunking_task
 from captum_attnflow.data import CHUNK_TAGS, generate_chunked_examples
 from captum_attnflow.models import load_chunk_tagger
 from captum_attnflow.models.tagger import TAGGER_DIR
-from captum_attnflow.models.train_tagger import main
+from captum_attnflow.adversarial.train_tagger import main
 
 
 def test_bundled_tagger_is_small_offline_and_tags_held_out_sentences():

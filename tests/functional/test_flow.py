@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 
 from captum_attnflow.extraction import extract_attentions
 from captum_attnflow.functional import attention_graph, flow, rollout_rows
-from captum_attnflow.functional._maxflow import _WORK_PER_THREAD, EPS, max_flows
+from captum_attnflow.functional._maxflow import EPS, max_flows
+from captum_attnflow.functional._maxflow.driver import _WORK_PER_THREAD
 from helpers import banded, causal_sink, make_tiny_model, peaked
 
 

@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 
 from captum_attnflow.functional import attention_graph, flow
 from captum_attnflow.functional import _memory
-from captum_attnflow.functional._maxflow import EPS, _causal_bounds, _threshold_cut, max_flows
+from captum_attnflow.functional._maxflow import EPS, max_flows
+from captum_attnflow.functional._maxflow.cuts import _causal_bounds, _threshold_cut
 from helpers import banded, causal_sink, peaked
 
 

@@ -3,12 +3,8 @@ faithfulness, on one or many processes."""
 
 from __future__ import annotations
 
-import glob
-import hashlib
 import inspect
 import json
-import os
-import zipfile
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -18,15 +14,22 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from captum_attnflow.evaluate._deletion import shared_forward_passes
+from captum_attnflow.evaluate.batches import _batch_size, _inputs, _to
+from captum_attnflow.evaluate.checkpoints import (
+    _check_same_examples,
+    _example_hashes,
+    _load_checkpoint,
+    _part_path,
+    _save_final,
+    _write_checkpoint,
+)
 from captum_attnflow.evaluate.compare import compare
 from captum_attnflow.evaluate.metrics import METRICS, check_faithfulness, compute_metric
+from captum_attnflow.evaluate.processes import _check_not_sharded, _gather, _gather_hashes, _process_group
 from captum_attnflow.evaluate.results import ComparisonResult
 from captum_attnflow.evaluate.spearman import as_scores
 from captum_attnflow.hf import input_device, model_call
 from captum_attnflow.methods import method_entry
-
-# Written into every checkpoint: a file without it was not written by an Evaluator.
-CHECKPOINT_FORMAT = "captum_attnflow.Evaluator checkpoint 1"
 
 
 class Evaluator:
@@ -366,85 +369,9 @@ def _by_name(methods: Any) -> Any:
     return methods
 
 
-def _to(value: Any, device: torch.device) -> Any:
-    """A tensor, or a tuple of values (``additional_forward_args``), on ``device``."""
-    if isinstance(value, Tensor):
-        return value.to(device)
-    if isinstance(value, tuple):
-        return tuple(_to(item, device) for item in value)
-    return value
-
-
-def _inputs(batch: Mapping[str, Any]) -> Tensor:
-    """The batch's token ids, or the pixel values of an image batch."""
-    return batch["input_ids"] if "input_ids" in batch else batch["pixel_values"]
-
-
-def _batch_size(batch: Any) -> int:
-    inputs = _inputs(batch) if isinstance(batch, Mapping) and ("input_ids" in batch or "pixel_values" in batch) else None
-    pixels = isinstance(batch, Mapping) and "input_ids" not in batch
-    if not isinstance(inputs, Tensor) or inputs.dim() != (4 if pixels else 2):
-        raise TypeError(
-            "each batch must be a dict whose 'input_ids' is a (B, n) tensor of token ids (or whose "
-            "'pixel_values' is a (B, C, H, W) tensor of images)."
-        )
-    return inputs.shape[0]
-
-
 def _device(model: Any) -> torch.device:
     """Where the model takes its batches (the first device of a model dispatched by accelerate)."""
     return input_device(model) or torch.device("cpu")
-
-
-def _process_group(device: torch.device) -> tuple[int, int]:
-    """(rank, world size); accelerate is only needed when a launcher started several processes."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
-        return 0, 1
-    from accelerate import PartialState
-
-    # accelerate joins CPU processes (gloo) only when asked to; without cpu=True every process
-    # would run alone and evaluate all the data. An existing Accelerator's state is kept.
-    state = PartialState(cpu=device.type == "cpu")
-    if state.num_processes != world:
-        raise RuntimeError(
-            f"the launcher started {world} processes but accelerate set up {state.num_processes} "
-            f"({state.distributed_type}), e.g. an Accelerator() made earlier without cpu=True on a "
-            "machine without GPUs: create it with Accelerator(cpu=True), or none at all."
-        )
-    return state.process_index, state.num_processes
-
-
-def _check_not_sharded(data: Any, world: int) -> None:
-    """Refuse a DataLoader that ``accelerator.prepare`` already split: the Evaluator shards by
-    itself, and numbers examples by their place in the full data."""
-    if world <= 1:
-        return
-    from accelerate.data_loader import DataLoaderDispatcher, DataLoaderShard
-
-    if isinstance(data, (DataLoaderShard, DataLoaderDispatcher)):
-        raise ValueError(
-            "data is a DataLoader prepared by accelerate (already split across processes); pass the "
-            "original DataLoader: Evaluator.run shards the batches itself and gathers the scores."
-        )
-
-
-def _gather(result: ComparisonResult) -> list[ComparisonResult]:
-    from accelerate.utils import gather_object
-
-    return gather_object([result])
-
-
-def _part_path(checkpoint: str | Path, rank: int) -> Path:
-    path = _checkpoint_path(checkpoint)
-    return path.with_name(f"{path.stem}.part{rank}.npz")
-
-
-def _checkpoint_path(checkpoint: str | Path) -> Path:
-    path = Path(checkpoint)
-    if path.suffix != ".npz":
-        raise ValueError(f"checkpoint must be a .npz path, got {str(checkpoint)!r}.")
-    return path
 
 
 def _empty_result() -> ComparisonResult:
@@ -454,101 +381,3 @@ def _empty_result() -> ComparisonResult:
 def _describe(method: Any) -> str:
     kind = method if inspect.isclass(method) else type(method)
     return f"{kind.__module__}.{kind.__qualname__}"
-
-
-def _example_hashes(batch: Mapping[str, Any]) -> list[int]:
-    """A 63-bit hash of each example's real token ids (or pixels): what identifies an example across runs."""
-    if "input_ids" not in batch:
-        pixels = batch["pixel_values"].detach().cpu().float().flatten(1)
-        return [int.from_bytes(hashlib.blake2b(row.numpy().tobytes(), digest_size=8).digest(), "little") >> 1 for row in pixels]
-    ids = batch["input_ids"].detach().cpu().long()
-    mask = batch.get("attention_mask")
-    mask = torch.ones_like(ids, dtype=torch.bool) if mask is None else torch.as_tensor(mask).cpu().bool()
-    return [
-        int.from_bytes(hashlib.blake2b(row[keep].numpy().tobytes(), digest_size=8).digest(), "little") >> 1
-        for row, keep in zip(ids, mask)
-    ]
-
-
-def _check_same_examples(checkpoint: Any, ids: np.ndarray, batch_hashes: list[int], hashes: dict[int, int]) -> None:
-    for example, value in zip(ids.tolist(), batch_hashes):
-        if hashes.get(example, value) != value:
-            raise ValueError(
-                f"checkpoint {checkpoint} was written for other data: example {example} has other tokens now. "
-                "Delete the checkpoint (and its .part*.npz files) to start afresh, or pass another checkpoint path."
-            )
-
-
-def _write_checkpoint(result: ComparisonResult, path: Path, fingerprint: str, hashes: dict[int, int]) -> None:
-    """Write ``result`` to ``path`` atomically: a temporary file in the same folder, then a rename,
-    so a crash mid-write leaves the previous file intact."""
-    example_hashes = np.array([hashes.get(example, -1) for example in result.example_ids.tolist()], dtype=np.int64)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(temporary, "wb") as file:
-            np.savez(
-                file,
-                format=np.array(CHECKPOINT_FORMAT),
-                fingerprint=np.array(fingerprint),
-                example_hashes=example_hashes,
-                **result.arrays(),
-            )
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
-
-
-def _read_checkpoint(path: Path, fingerprint: str) -> tuple[ComparisonResult, dict[int, int]]:
-    fix = "delete it to start afresh, or pass another checkpoint path."
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            contents = {name: data[name] for name in data.files}
-    except (OSError, EOFError, ValueError, zipfile.BadZipFile) as error:  # numpy says ValueError for non-npz
-        raise ValueError(f"checkpoint {path} is corrupt or truncated ({type(error).__name__}: {error}); {fix}") from error
-    if "format" not in contents or str(contents["format"]) != CHECKPOINT_FORMAT:
-        raise ValueError(f"checkpoint {path} was not written by an Evaluator; {fix}")
-    if str(contents["fingerprint"]) != fingerprint:
-        raise ValueError(
-            f"checkpoint {path} was written by an Evaluator with other methods or settings "
-            f"({contents['fingerprint']}); {fix}"
-        )
-    try:
-        result = ComparisonResult.from_arrays(contents)
-        hashes = dict(zip(contents["example_ids"].tolist(), contents["example_hashes"].tolist()))
-    except (KeyError, ValueError) as error:  # json.JSONDecodeError is a ValueError
-        raise ValueError(f"checkpoint {path} is corrupt or truncated ({type(error).__name__}: {error}); {fix}") from error
-    return result, hashes
-
-
-def _load_checkpoint(checkpoint: str | Path, fingerprint: str) -> tuple[ComparisonResult, dict[int, int]]:
-    path = _checkpoint_path(checkpoint)
-    # glob.escape: a name like "run[1]" is a file name, not a pattern.
-    parts = sorted(path.parent.glob(f"{glob.escape(path.stem)}.part*.npz"))
-    files = ([path] if path.exists() else []) + parts
-    results, hashes = [], {}
-    for file in files:
-        result, file_hashes = _read_checkpoint(file, fingerprint)
-        results.append(result)
-        hashes.update(file_hashes)
-    return ComparisonResult.merge(results), hashes
-
-
-def _gather_hashes(hashes: dict[int, int]) -> dict[int, int]:
-    from accelerate.utils import gather_object
-
-    merged: dict[int, int] = {}
-    for part in gather_object([hashes]):
-        merged.update(part)
-    return merged
-
-
-def _save_final(
-    result: ComparisonResult, checkpoint: str | Path, rank: int, world: int, fingerprint: str, hashes: dict[int, int]
-) -> None:
-    if rank == 0:
-        _write_checkpoint(result, _checkpoint_path(checkpoint), fingerprint, hashes)
-    if world > 1:
-        from accelerate import PartialState
-
-        PartialState().wait_for_everyone()
-    _part_path(checkpoint, rank).unlink(missing_ok=True)

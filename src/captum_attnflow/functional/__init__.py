@@ -6,7 +6,8 @@ No models, no Captum, no plotting: importing this package loads torch, numpy and
 
 from captum_attnflow.functional.flow import flow
 from captum_attnflow.functional.gradient_rollout import gradient_weighted_rollout
-from captum_attnflow.functional.graph import AttentionGraph, add_residual, attention_graph, fuse_heads
+from captum_attnflow.functional.graph import AttentionGraph, attention_graph
+from captum_attnflow.functional.mixing import add_residual, fuse_heads
 from captum_attnflow.functional.raw_attention import raw_attention
 from captum_attnflow.functional.rollout import rollout, rollout_rows
 

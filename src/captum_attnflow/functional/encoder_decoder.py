@@ -53,7 +53,7 @@ from captum_attnflow.functional.checks import (
 )
 from captum_attnflow.functional._maxflow import max_flows
 from captum_attnflow.functional.flow import _PROGRESS_WORK
-from captum_attnflow.functional.graph import add_residual, fuse_heads
+from captum_attnflow.functional.mixing import add_residual, fuse_heads
 from captum_attnflow.functional.rollout import rollout
 
 # Capacity of the pass-through edges that carry a node's flow down to where the layered kernel

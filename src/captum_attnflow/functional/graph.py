@@ -17,91 +17,18 @@ from __future__ import annotations
 import threading
 from typing import Callable, Iterable
 
-import numpy as np
 import torch
-from numba import njit
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from captum_attnflow.functional.checks import (
-    Attentions,
-    as_mask,
-    attention_layers,
-    check_attention_values,
-    check_residual_alpha,
-    check_row_statistics,
-)
-
-HEAD_FUSIONS = ("mean", "max", "min")
-
+from captum_attnflow.functional.checks import Attentions, as_mask, attention_layers, check_residual_alpha
+from captum_attnflow.functional.graph_layers import _fused_graph, _head_graphs
+from captum_attnflow.functional.mixing import _mix_in_place, check_head_fusion
 
 # A streamed layer is recomputed from queries and keys when asked for (about 0.3 s for BERT-base at
 # n = 4096 on 2 cores): from about this many numbers (B n^2 per layer) in the layers walked, a walk
 # takes seconds and shows a progress bar.
 _PROGRESS_NUMBERS = 1e8
-
-
-def fuse_heads(attentions: Tensor, head_fusion: str = "mean", out: Tensor | None = None) -> Tensor:
-    """Fuse the heads of (..., H, n, n) attentions into (..., n, n): :math:`\\bar W = \\operatorname{mean}_h W^h`
-    (the paper's), or the element-wise ``max`` or ``min`` over heads.
-
-    Args:
-        attentions: (..., H, n, n) attention weights, heads on dimension -3.
-        head_fusion: ``"mean"`` (default), ``"max"`` or ``"min"``.
-        out: optional (..., n, n) tensor to write the result into.
-
-    Returns:
-        Tensor: (..., n, n), same dtype and device (``out`` if given).
-
-    Example::
-
-        >>> import torch
-        >>> from captum_attnflow.functional import fuse_heads
-        >>> heads = torch.tensor([[[0.2, 0.8], [1.0, 0.0]], [[0.6, 0.4], [0.0, 1.0]]])  # (H, n, n)
-        >>> fuse_heads(heads)
-        tensor([[0.4000, 0.6000],
-                [0.5000, 0.5000]])
-        >>> fuse_heads(heads, "max")
-        tensor([[0.6000, 0.8000],
-                [1.0000, 1.0000]])
-    """
-    check_head_fusion(head_fusion)
-    reduce = {"mean": torch.mean, "max": torch.amax, "min": torch.amin}[head_fusion]
-    return reduce(attentions, -3) if out is None else reduce(attentions, -3, out=out)
-
-
-def check_head_fusion(head_fusion: str) -> None:
-    if head_fusion not in HEAD_FUSIONS:
-        raise ValueError(f"head_fusion must be one of {HEAD_FUSIONS}, got {head_fusion!r}.")
-
-
-def add_residual(weights: Tensor, residual_alpha: float = 0.5) -> Tensor:
-    """Mix (..., n, n) attention with the identity for the residual connection (paper, section 3):
-    :math:`A = \\operatorname{renorm}(\\alpha W + (1 - \\alpha) I)`, each row rescaled to sum to 1.
-
-    A row that is all zero becomes the identity row (or stays zero for ``residual_alpha=1``);
-    :func:`attention_graph` zeroes padding rows afterwards.
-
-    Args:
-        weights: (..., n, n) attention weights (heads already fused), row = query.
-        residual_alpha: :math:`\\alpha` in [0, 1]; 0.5 (default) is the paper's, 1.0 leaves
-            the weights as they are (rows renormalised).
-
-    Returns:
-        Tensor: a new (..., n, n) tensor; ``weights`` is not modified.
-
-    Example::
-
-        >>> import torch
-        >>> from captum_attnflow.functional import add_residual
-        >>> add_residual(torch.tensor([[0.2, 0.8], [1.0, 0.0]]))  # 0.5 W + 0.5 I
-        tensor([[0.6000, 0.4000],
-                [0.5000, 0.5000]])
-    """
-    check_residual_alpha(residual_alpha)
-    mixed = weights * residual_alpha
-    mixed.diagonal(dim1=-2, dim2=-1).add_(1.0 - residual_alpha)
-    return _renormalise_rows(mixed)
 
 
 class AttentionGraph:
@@ -339,26 +266,6 @@ class AttentionGraph:
         return self._causal
 
 
-def _mix_in_place(layer: Tensor, mask: Tensor, residual_alpha: float, positions: Tensor | None = None) -> Tensor:
-    """(B, n, n) fused probabilities -> :math:`A`: padding removed, :math:`\\alpha W + (1 - \\alpha) I`,
-    rows renormalised, all in place; returns ``layer``. With ``positions`` (B, S), ``layer`` is
-    (B, S, n), the rows of those positions only."""
-    row_mask = mask if positions is None else mask.gather(1, positions)
-    keep = None if mask.all() else row_mask[:, :, None] & mask[:, None, :]
-    if keep is not None:
-        layer.mul_(keep)
-    layer.mul_(residual_alpha)
-    if positions is None:
-        layer.diagonal(dim1=-2, dim2=-1).add_(1.0 - residual_alpha)
-    else:  # the residual's 1 - alpha sits in each row's own column
-        layer.scatter_add_(-1, positions[..., None], torch.full_like(layer[..., :1], 1.0 - residual_alpha))
-    sums = layer.sum(-1, keepdim=True)
-    layer.div_(torch.where(sums > 0, sums, torch.ones_like(sums)))
-    if keep is not None:
-        layer.mul_(keep)
-    return layer
-
-
 def attention_graph(
     attentions: Attentions,
     residual_alpha: float = 0.5,
@@ -429,130 +336,3 @@ def as_graph(
             )
         return attentions
     return attention_graph(attentions, residual_alpha, head_fusion, attention_mask, keep_heads)
-
-
-def _fused_graph(layers: list[Tensor], residual_alpha: float, head_fusion: str, mask: Tensor) -> Tensor:
-    """(L, B, n, n) fused, residual-mixed graph; the attentions' values are checked on the way."""
-    batch, _, n, _ = layers[0].shape
-    graph = torch.empty(len(layers), batch, n, n, dtype=torch.float32, device=mask.device)
-    if mask.device.type == "cpu" and not any(layer.requires_grad for layer in layers):
-        heads = layers[0].shape[1]
-        row_sums = np.empty((len(layers), batch, heads, n), dtype=np.float32)
-        negative_sums = np.empty_like(row_sums)
-        for index, layer in enumerate(layers):
-            _compiled_graph_layer(
-                layer.float(), mask, head_fusion, residual_alpha, graph[index], row_sums[index], negative_sums[index]
-            )
-        # One check of all layers' row statistics: a call per layer costs more than a small graph.
-        check_row_statistics(torch.from_numpy(row_sums), torch.from_numpy(negative_sums), mask)
-        return graph
-    # Layer by layer rather than on a stacked copy: only the fused (L, B, n, n) graph is allocated.
-    fused = []
-    for layer in layers:
-        layer = layer.float()
-        check_attention_values(layer, mask)
-        fused.append(fuse_heads(layer, head_fusion))
-    return _mixed(torch.stack(fused), residual_alpha, mask)
-
-
-def _head_graphs(layers: list[Tensor], residual_alpha: float, mask: Tensor) -> Tensor:
-    """(L, B, H, n, n): every head residual-mixed on its own, padding removed."""
-    heads = torch.stack([layer.float() for layer in layers])
-    check_attention_values(heads, mask)
-    return _mixed(heads, residual_alpha, mask[:, None])
-
-
-def _mixed(weights: Tensor, residual_alpha: float, mask: Tensor) -> Tensor:
-    """Residual mixing of (..., B, [H,] n, n) weights with padding rows and columns removed."""
-    if not mask.all():
-        keep = mask[..., :, None] & mask[..., None, :]  # real query and real key
-        return add_residual(weights * keep, residual_alpha) * keep
-    return add_residual(weights, residual_alpha)
-
-
-def _compiled_graph_layer(
-    layer: Tensor,
-    mask: Tensor,
-    head_fusion: str,
-    residual_alpha: float,
-    out: Tensor,
-    row_sums: np.ndarray,
-    negative_sums: np.ndarray,
-) -> None:
-    """One layer of :func:`attention_graph` for CPU tensors without gradients, written into ``out`` (B, n, n).
-
-    The same maths as the torch ops above, in one pass over the attentions; the statistics
-    the checks need, each row's sum and the sum of its negative entries, go to ``row_sums``
-    and ``negative_sums`` (B, H, n).
-    """
-    _graph_layer_kernel(
-        layer.contiguous().numpy(),
-        mask.numpy(),
-        HEAD_FUSIONS.index(head_fusion),
-        float(residual_alpha),
-        out.numpy(),
-        row_sums,
-        negative_sums,
-    )
-
-
-# Attentions are far larger than anything else here (144 MiB for BERT-base at n=512), so the
-# graph costs about as much as reading them once. Torch needs a pass each for the row sums, the
-# negativity check and the head fusion, and more for residual mixing on the (L, B, n, n) result;
-# this kernel reads the attentions once, in memory order, checking each row while folding it
-# into the fused (n, n) map that stays in cache, then mixes in the residual. One thread already
-# runs at memory speed, and a thread pool would compete with torch's.
-@njit(cache=True, fastmath={"reassoc", "contract", "nsz", "arcp"})
-def _graph_layer_kernel(layer, mask, fusion, alpha, out, row_sums, negative_sums):  # pragma: no cover
-    batch, heads, n, _ = layer.shape
-    zero = np.float32(0.0)
-    for b in range(batch):
-        for h in range(heads):
-            for i in range(n):
-                row = layer[b, h, i]
-                fused = out[b, i]
-                total = zero
-                negative = zero
-                if h == 0:
-                    for j in range(n):
-                        value = row[j]
-                        total += value
-                        negative += min(value, zero)
-                        fused[j] = value
-                elif fusion == 0:
-                    for j in range(n):
-                        value = row[j]
-                        total += value
-                        negative += min(value, zero)
-                        fused[j] += value
-                elif fusion == 1:
-                    for j in range(n):
-                        value = row[j]
-                        total += value
-                        negative += min(value, zero)
-                        fused[j] = value if value > fused[j] else fused[j]
-                else:
-                    for j in range(n):
-                        value = row[j]
-                        total += value
-                        negative += min(value, zero)
-                        fused[j] = value if value < fused[j] else fused[j]
-                row_sums[b, h, i] = total
-                negative_sums[b, h, i] = negative
-        scale = alpha / heads if fusion == 0 else alpha
-        for i in range(n):
-            fused = out[b, i]
-            if not mask[b, i]:
-                fused[:] = zero
-                continue
-            for j in range(n):
-                fused[j] = fused[j] * scale if mask[b, j] else zero
-            fused[i] += 1.0 - alpha
-            total = fused.sum()
-            if total > 0:
-                fused /= total
-
-
-def _renormalise_rows(matrix: Tensor) -> Tensor:
-    sums = matrix.sum(-1, keepdim=True)
-    return matrix / torch.where(sums > 0, sums, torch.ones_like(sums))

@@ -40,7 +40,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from captum_attnflow.functional.graph import fuse_heads
+from captum_attnflow.functional.mixing import fuse_heads
 from captum_attnflow.hf.models import hf_models
 from captum_attnflow.hf.state import exclusive, implementation, uses_substituted_attention
 

@@ -72,11 +72,12 @@ def no_loading_bar() -> Iterator[None]:
 
 def load_checkpoint(model_class: Any, path: Path, what: str, training_module: str) -> tuple[Any, PreTrainedTokenizerFast]:
     """``(model in eval mode, tokenizer)`` saved in ``path``, without the loading bar; a
-    FileNotFoundError names ``what`` is missing and the command that trains it."""
+    FileNotFoundError names ``what`` is missing and the command that trains it,
+    ``python -m <training_module> --out DIR``."""
     if not (path / "model.safetensors").is_file():
         raise FileNotFoundError(
             f"{path} holds no model.safetensors; reinstall captum-attnflow for the bundled {what}, "
-            f"or train one with `python -m captum_attnflow.models.{training_module} --out DIR`."
+            f"or train one with `python -m {training_module} --out DIR`."
         )
     with no_loading_bar():
         model = model_class.from_pretrained(path, local_files_only=True).eval()

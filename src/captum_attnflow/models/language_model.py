@@ -112,7 +112,7 @@ def load_agreement_lm(directory: str | Path | None = None) -> tuple[GPT2LMHeadMo
         True
     """
     path = ASSET_DIR if directory is None else Path(directory)
-    return load_checkpoint(GPT2LMHeadModel, path, "language model", "train_lm")
+    return load_checkpoint(GPT2LMHeadModel, path, "language model", "captum_attnflow.models.train_lm")
 
 
 def verb_number_accuracy(

@@ -154,7 +154,7 @@ TAGGER_DIR = Path(__file__).resolve().parent.parent / "assets" / "tagger"
 def load_chunk_tagger(directory: str | Path | None = None) -> tuple[TaggerModel, PreTrainedTokenizerFast]:
     """The bundled trained chunk tagger (eval mode, CPU, sdpa attention) and its tokenizer.
 
-    Trained with ``python -m captum_attnflow.models.train_tagger`` (defaults) on the generated
+    Trained with ``python -m captum_attnflow.adversarial.train_tagger`` (defaults) on the generated
     sentences' gold chunk tags; its held-out chunk F1 is in ``assets/tagger/eval_results.json``.
 
     Args:
@@ -178,4 +178,4 @@ def load_chunk_tagger(directory: str | Path | None = None) -> tuple[TaggerModel,
         ['B-NP', 'I-NP', 'B-PP', 'B-NP', 'I-NP']
     """
     path = TAGGER_DIR if directory is None else Path(directory)
-    return load_checkpoint(TaggerModel, path, "tagger", "train_tagger")
+    return load_checkpoint(TaggerModel, path, "tagger", "captum_attnflow.adversarial.train_tagger")

@@ -1,9 +1,11 @@
-"""Train the bundled chunk tagger: ``python -m captum_attnflow.models.train_tagger --out DIR``.
+"""Train the bundled chunk tagger: ``python -m captum_attnflow.adversarial.train_tagger --out DIR``.
 
-Trains a :class:`~captum_attnflow.models.tagger.TaggerModel` (:func:`bundled_tagger_config`:
+Trains a :class:`~captum_attnflow.models.tagger.TaggerModel` (:func:`~captum_attnflow.models.tagger.bundled_tagger_config`:
 4 layers, 4 heads, 64 wide) on generated sentences with their gold chunk tags
-(:mod:`captum_attnflow.data.chunking`), measures its chunk F1 on the held-out split and saves
-it. The bundled checkpoint (``assets/tagger``, loaded by
+(:mod:`captum_attnflow.data.chunking`) with the chunking task and training loop of the
+adversarial study (:func:`~captum_attnflow.adversarial.chunking_task`,
+:func:`~captum_attnflow.adversarial.train`), measures its chunk F1 on the held-out split and
+saves it. The bundled checkpoint (``assets/tagger``, loaded by
 :func:`~captum_attnflow.models.tagger.load_chunk_tagger`) was made with the defaults.
 
 Options: ``--steps`` (1000), ``--batch-size`` (32), ``--lr`` (3e-3), ``--train-examples``
@@ -64,7 +66,7 @@ def train(args: argparse.Namespace) -> dict:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m captum_attnflow.models.train_tagger",
+        prog="python -m captum_attnflow.adversarial.train_tagger",
         description="Train the chunk tagger on generated sentences and report its held-out chunk F1.",
     )
     parser.add_argument("--out", required=True, help="directory for the model, tokenizer and eval_results.json")

@@ -1,0 +1,60 @@
+"""The max-flow kernel's shared bookkeeping: the saturation tolerance ``EPS``, the skip lists
+that drop nodes out of a level graph, and the list of flow entries made nonzero (so that
+clearing the flow between (source, sink) pairs costs what the pair touched, not the graph)."""
+
+from __future__ import annotations
+
+from numba import njit
+
+# Residual capacities at or below this count as saturated. Far above float64 rounding of
+# values <= 1 (~1e-16 per operation), far below the 1e-6 accuracy anyone reads flows at.
+EPS = 1e-12
+
+
+@njit(cache=True)
+def _next_alive(skip, k, j):
+    """The first node (k, j') with j' >= j still in the level graph, ``m`` if none.
+
+    ``skip[k]`` is a union-find over positions: ``skip[k, j] == j`` while (k, j) is in the
+    graph, ``j + 1`` once it left. Path compression makes a scan past a run of removed nodes
+    cost about one step, so a node's children are scanned in time proportional to the live
+    ones rather than to n.
+    """
+    root = j
+    while skip[k, root] != root:
+        root = skip[k, root]
+    while skip[k, j] != root:
+        following = skip[k, j]
+        skip[k, j] = root
+        j = following
+    return root
+
+
+@njit(cache=True, inline="always")
+def _remember(touched, index):
+    """Append the flat index ``(k * m + i) * m + j`` of a flow entry made nonzero to ``touched``
+    (``touched[0]`` counts them); a full list stops growing and counts as overflowed."""
+    if touched[0] < touched.shape[0] - 1:
+        touched[0] += 1
+        touched[touched[0]] = index
+
+
+@njit(cache=True, inline="always")
+def _entry(index, m):
+    """(k, i, j) of the flat index of a (layers, m, m) flow entry."""
+    return index // (m * m), (index // m) % m, index % m
+
+
+@njit(cache=True)
+def _clear(flow, flow_t, touched):
+    """Zero the entries of ``flow`` listed in ``touched`` (all of it if the list overflowed)."""
+    layers, m, _ = flow.shape
+    if touched[0] >= touched.shape[0] - 1:
+        flow[:] = 0.0
+        flow_t[:] = 0.0
+    else:
+        for n in range(1, touched[0] + 1):
+            k, i, j = _entry(touched[n], m)
+            flow[k, i, j] = 0.0
+            flow_t[k, j, i] = 0.0
+    touched[0] = 0
