@@ -6,13 +6,17 @@ classifier, B = 1, CPU. In one run it times, after one warm-up of each:
 * baseline: the eager forward pass with ``output_attentions=True`` (what the stored-maps
   attention methods run);
 * ``GradientWeightedRollout.attribute(ids, target=0, layer=None)``: a forward and a backward;
+* ``AttnLRP.attribute(ids, target=0)``: a forward and a backward with its rules, against the
+  model's own sdpa forward and backward of the same logit to the input embeddings (what
+  Captum's ``Saliency`` on the embeddings runs);
 * ``ALTI.attribute(ids, layer=None)``: a forward and the decomposition of every layer;
 * ``ValueZeroing.attribute(ids, layer=None)`` at each ``--vz-n`` length (n variants of n tokens
   per layer re-run through the rest of the block), with the forward at that length.
 
 Every repeat times the calls back to back, so load from other processes hits them alike; the
 script prints medians and the median of the per-repeat ratios. Targets: gradient-weighted
-rollout <= 3x the forward, ALTI <= 2x at n = 512; value zeroing at n = 128 within 30 s.
+rollout <= 2.5x the forward, ALTI <= 2x at n = 512; AttnLRP <= 1.5x a forward and backward;
+value zeroing at n = 128 within 30 s.
 
     python benchmarks/internals.py [--n 512] [--vz-n 32 64 128] [--repeats 3] [--threads N]
 """
@@ -28,7 +32,7 @@ import time
 import torch
 from transformers import BertConfig, BertForSequenceClassification
 
-from captum_attnflow import ALTI, GradientWeightedRollout, ValueZeroing
+from captum_attnflow import ALTI, AttnLRP, GradientWeightedRollout, ValueZeroing
 
 
 def seconds(call) -> float:
@@ -53,7 +57,7 @@ def report(times: dict[str, list[float]], baseline: str) -> None:
     for name, values in times.items():
         if name != baseline:
             ratios = [value / reference for value, reference in zip(values, times[baseline])]
-            print(f"  {name:<28} {statistics.median(values):8.3f} s   {statistics.median(ratios):5.2f}x the forward")
+            print(f"  {name:<28} {statistics.median(values):8.3f} s   {statistics.median(ratios):5.2f}x the {baseline}")
 
 
 def main() -> None:
@@ -88,6 +92,18 @@ def main() -> None:
         "GradientWeightedRollout": lambda: gradient_rollout.attribute(ids, target=0, layer=None),
         "ALTI": lambda: alti.attribute(ids, layer=None),
     }, args.repeats), "eager forward")
+    lrp = AttnLRP(model)
+
+    def forward_backward(ids):
+        embeddings = model.get_input_embeddings()(ids).detach().requires_grad_()
+        logit = model(inputs_embeds=embeddings).logits[:, 0].sum()
+        return torch.autograd.grad(logit, embeddings)
+
+    print(f"BERT-base, n = {args.n}, B = 1, AttnLRP against the sdpa forward + backward, medians of {args.repeats}:")
+    report(timed({
+        "forward + backward": lambda: forward_backward(ids),
+        "AttnLRP": lambda: lrp.attribute(ids, target=0),
+    }, args.repeats), "forward + backward")
     for n in args.vz_n:
         short = torch.randint(1000, config.vocab_size, (1, n))
         print(f"BERT-base, n = {n}, B = 1, value zeroing, medians of {args.repeats}:")
