@@ -186,3 +186,19 @@ def test_registry_and_command_line(tmp_path, capsys):
     assert main(["generate", "the keys to the cabinet", "--method", "attnlrp", "--target", "are",
                  "--out", str(tmp_path / "g.png")]) == 0
     assert "attnlrp" in capsys.readouterr().out
+
+
+def test_the_backward_pass_keeps_no_attention_map():
+    """The model's own sdpa attention runs under the rules: no saved tensor of the backward pass
+    has a head axis and two token axes (eager attention would keep every layer's probabilities)."""
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=60, n_embd=32, n_head=4, n_layer=2, n_positions=64, bos_token_id=0, eos_token_id=0
+    )).eval()
+    n = 24
+    ids, mask = padded_batch(seed=2, batch=2, n=n)
+    shapes = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: shapes.append(t.shape) or t, lambda t: t):
+        relevance = AttnLRP(model).attribute(ids, attention_mask=mask)
+    assert relevance.shape == (2, n) and model.config._attn_implementation == "sdpa"
+    assert not [shape for shape in shapes if len(shape) == 4 and shape[1] > 1 and shape[-2:] == (n, n)]

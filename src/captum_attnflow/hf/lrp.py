@@ -8,8 +8,9 @@ others get AttnLRP's rules here, for one forward pass, by three means that leave
 forward values untouched (each rule returns the model's own output, only its gradient differs):
 
 * an attention function registered with transformers' attention-function interface scales the
-  gradients of the queries and keys by 1/4 and of the values by 1/2, then runs the model family's
-  own eager attention. Queries and keys meet only in :math:`q k^\\top`, the probabilities and
+  gradients of the queries and keys by 1/4 and of the values by 1/2, then runs the attention the
+  model was loaded with (sdpa: its backward keeps no (H, n, n) probabilities, so the pass costs
+  the memory of a plain backward pass; eager models run sdpa, equal up to rounding). Queries and keys meet only in :math:`q k^\\top`, the probabilities and
   values only in :math:`A v`, so this is the uniform rule on both bilinear products (each factor
   half of the relevance; q and k a half of the half A receives); the softmax keeps its plain
   gradient, which in gradient × input form is the paper's Proposition 3.1,
@@ -39,14 +40,15 @@ import torch
 import transformers.activations
 from torch import Tensor, nn
 from transformers import AttentionInterface, PreTrainedModel
-from transformers.masking_utils import AttentionMaskInterface, eager_mask
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from captum_attnflow.hf.architectures import RMS_NORMS, Architecture, architecture_of
 from captum_attnflow.hf.capture import in_run_order, real_tokens_first_call
 from captum_attnflow.hf.dispatch import onloaded
 from captum_attnflow.hf.inputs import as_tuple, check_mask_not_in_args, mask_keyword
-from captum_attnflow.hf.internals import _eager_function
+from captum_attnflow.hf.lean import attends_causally
 from captum_attnflow.hf.models import check_device, main_model, owning_module
 from captum_attnflow.hf.scores import input_embeddings
 from captum_attnflow.hf.state import implementation, unchanged
@@ -74,6 +76,7 @@ class LRPRun:
             first, else None.
         causal: whether the first attention layer was causal (each query sees only earlier keys).
         attended: whether an attention layer ran under the rules.
+        attention: the attention function the model was loaded with (transformers' interface).
     """
 
     output: Any = None
@@ -82,6 +85,7 @@ class LRPRun:
     order: Tensor | None = None
     causal: bool = False
     attended: bool = False
+    attention: Callable[..., tuple[Tensor, Any]] = sdpa_attention_forward
 
     def run_positions(self, positions: Tensor) -> Tensor:
         """(B, S) positions of the inputs, as positions in the run."""
@@ -129,32 +133,21 @@ class _IdentityRule(torch.autograd.Function):
 
 def _attnlrp_attention(
     module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None, **kwargs: Any
-) -> tuple[Tensor, Tensor]:
+) -> tuple[Tensor, None]:
     run = _CURRENT.get()
-    if run is not None and not run.attended:
+    if not run.attended:
         run.attended = True
-        run.causal = _is_causal(attention_mask, query.shape[-2], key.shape[-2])
+        causal = attention_mask is None and kwargs.get("is_causal", getattr(module, "is_causal", True))
+        run.causal = query.shape[-2] > 1 and attends_causally(query.shape[-2], attention_mask, bool(causal))
     query, key, value = _GradientScale.apply(query, 0.25), _GradientScale.apply(key, 0.25), _GradientScale.apply(value, 0.5)
-    return _eager_function(module)(module, query, key, value, attention_mask, **kwargs)
-
-
-def _is_causal(attention_mask: Tensor | None, queries: int, keys: int) -> bool:
-    """Whether an additive (or boolean) eager mask hides every later key from every query."""
-    if attention_mask is None or queries != keys or queries < 2:
-        return False
-    later = torch.ones(queries, keys, dtype=torch.bool, device=attention_mask.device).triu(1)
-    if attention_mask.dtype == torch.bool:
-        hidden = ~attention_mask
-    else:
-        hidden = attention_mask <= torch.finfo(attention_mask.dtype).min / 2
-    return bool(hidden[..., later].all())
+    return run.attention(module, query, key, value, attention_mask, **kwargs)[0], None
 
 
 def _register() -> None:
     with _REGISTERED:
         if _NAME not in ALL_ATTENTION_FUNCTIONS:
             AttentionInterface.register(_NAME, _attnlrp_attention)
-            AttentionMaskInterface.register(_NAME, eager_mask)
+            AttentionMaskInterface.register(_NAME, sdpa_mask)  # the masks sdpa gets: bool, or None to skip
 
 
 class _NormRule(torch.autograd.Function):
@@ -333,6 +326,7 @@ def attnlrp_forward(
         inputs, args, kwargs, run.order = real_tokens_first_call(inputs, args, attention_mask)
     else:
         kwargs = mask_keyword(forward_func, args, attention_mask)
+    run.attention = ALL_ATTENTION_FUNCTIONS.get(model.config._attn_implementation, sdpa_attention_forward)
     _register()
     with unchanged(module), _rules(model, architecture, blocks, run), implementation(module, _NAME):
         with torch.enable_grad():
