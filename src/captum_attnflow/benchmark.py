@@ -91,7 +91,7 @@ class BenchmarkResult:
         them), ``leaderboard.png`` (forest plots of every metric, 4 a row),
         ``leaderboard_<task>.png`` (one figure per task) and ``report.html`` (the figures and
         the example explanations in one self-contained page)."""
-        from captum_attnflow.visualize_html import figure_html, page_html
+        from captum_attnflow.visualize.html import figure_html, page_html
 
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
