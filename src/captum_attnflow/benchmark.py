@@ -40,7 +40,6 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from captum_attnflow.baselines import BlankOut
 from captum_attnflow.benchmark_tasks import TASKS, Task
 from captum_attnflow.evaluate import Evaluator, Leaderboard
 from captum_attnflow.evaluate.metrics import higher_is_better
@@ -128,9 +127,7 @@ def _methods(
     methods = {}
     for name in names:
         entry = None if name == FLOOR else method_entry(name)
-        method = None if entry is None else entry.build(model, tokenizer)
-        if name == "blankout" and not task.logits:  # the drop of the score itself, not of its softmax
-            method = BlankOut(model, tokenizer=tokenizer, softmax=False)
+        method = None if entry is None else entry.build(model, tokenizer, **({} if task.logits else dict(entry.on_scores)))
 
         def call(batch: dict, method: Any = method, entry: Any = entry, name: str = name) -> Tensor:
             start = time.perf_counter()
