@@ -40,7 +40,6 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from captum_attnflow.baselines import BlankOut
 from captum_attnflow.benchmark_tasks import TASKS, Task
 from captum_attnflow.evaluate import Evaluator, Leaderboard
 from captum_attnflow.evaluate.metrics import higher_is_better
@@ -91,7 +90,7 @@ class BenchmarkResult:
         them), ``leaderboard.png`` (forest plots of every metric, 4 a row),
         ``leaderboard_<task>.png`` (one figure per task) and ``report.html`` (the figures and
         the example explanations in one self-contained page)."""
-        from captum_attnflow.visualize_html import figure_html, page_html
+        from captum_attnflow.visualize.html import figure_html, page_html
 
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
@@ -128,9 +127,7 @@ def _methods(
     methods = {}
     for name in names:
         entry = None if name == FLOOR else method_entry(name)
-        method = None if entry is None else entry.build(model, tokenizer)
-        if name == "blankout" and not task.logits:  # the drop of the score itself, not of its softmax
-            method = BlankOut(model, tokenizer=tokenizer, softmax=False)
+        method = None if entry is None else entry.build(model, tokenizer, **({} if task.logits else dict(entry.on_scores)))
 
         def call(batch: dict, method: Any = method, entry: Any = entry, name: str = name) -> Tensor:
             start = time.perf_counter()

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from captum_attnflow.saving import load_result, save_result
-from captum_attnflow.visualize_html import Section, attribution_html
+from captum_attnflow.visualize.html import Section, attribution_html
 from captum_attnflow.words import reduce_groups, spell, word_groups
 
 _KIND = "ExplanationResult"
@@ -76,7 +76,7 @@ class ExplanationResult:
 
     def to_html(self, path: str | Path | None = None) -> str:
         """A self-contained HTML view: one table per method, its rows over the tokens (see
-        :mod:`captum_attnflow.visualize_html`); written to ``path`` as a whole page when given.
+        :mod:`captum_attnflow.visualize.html`); written to ``path`` as a whole page when given.
 
         Returns:
             str: the HTML (a fragment without ``path``, the page with it).

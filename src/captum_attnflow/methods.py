@@ -48,8 +48,9 @@ class Method:
         per_layer: True for the attention methods, which score the input tokens for the
             representation of a position after each layer ((L, B, n) with ``layer=None``);
             False for the methods explaining the model's output ((B, n), one map).
-        build: ``build(model, tokenizer)`` returns the Captum attribution object; the methods
-            with ``from_attentions`` also accept a callable returning attentions as ``model``.
+        build: ``build(model, tokenizer, **options)`` returns the Captum attribution object,
+            ``options`` passed on to its constructor (e.g. ``softmax=False`` for blank-out); the
+            methods with ``from_attentions`` also accept a callable returning attentions as ``model``.
         from_attentions: True for the methods computed from the attention weights alone (the
             paper's three, which also give per-head results, ``head=``); False for those reading
             gradients or the model's internals, which need the model itself.
@@ -57,39 +58,43 @@ class Method:
         display: keyword arguments of ``attribute`` for maps shown to a person (``explain``,
             ``figures``, the HTML view), as ``(name, value)`` pairs: gradient-weighted rollout
             shows the row of R - I, its explained token's own 1 removed.
+        on_scores: ``options`` of ``build`` when the model gives one score rather than class
+            logits (a difference, a regression output), as ``(name, value)`` pairs: blank-out
+            then measures the drop of the score itself, not of its softmax.
     """
 
     name: str
     title: str
     per_layer: bool
-    build: Callable[[Any, Any], Any]
+    build: Callable[..., Any]
     from_attentions: bool = False
     class_specific: bool = False
     display: tuple = ()
+    on_scores: tuple = ()
 
 
-def _blank_out(model: Any, tokenizer: Any) -> BlankOut:
+def _blank_out(model: Any, tokenizer: Any, **options: Any) -> BlankOut:
     # The paper's blank: the unknown token, looked up on the tokenizer.
-    return BlankOut(model, tokenizer=tokenizer)
+    return BlankOut(model, tokenizer=tokenizer, **options)
 
 
 METHODS: dict[str, Method] = {
     method.name: method
     for method in (
-        Method("raw", "raw", True, lambda model, tokenizer: RawAttention(model), from_attentions=True),
-        Method("rollout", "rollout", True, lambda model, tokenizer: AttentionRollout(model), from_attentions=True),
-        Method("flow", "flow", True, lambda model, tokenizer: AttentionFlow(model), from_attentions=True),
+        Method("raw", "raw", True, lambda model, tokenizer, **options: RawAttention(model, **options), from_attentions=True),
+        Method("rollout", "rollout", True, lambda model, tokenizer, **options: AttentionRollout(model, **options), from_attentions=True),
+        Method("flow", "flow", True, lambda model, tokenizer, **options: AttentionFlow(model, **options), from_attentions=True),
         Method(
             "gradient_rollout", "gradient-weighted rollout", True,
-            lambda model, tokenizer: GradientWeightedRollout(model), class_specific=True,
+            lambda model, tokenizer, **options: GradientWeightedRollout(model, **options), class_specific=True,
             display=(("remove_identity", True),),
         ),
-        Method("value_zeroing", "value zeroing", True, lambda model, tokenizer: ValueZeroing(model)),
-        Method("alti", "ALTI", True, lambda model, tokenizer: ALTI(model)),
-        Method("norm", "attention norm", True, lambda model, tokenizer: AttentionNorm(model)),
-        Method("saliency", "input gradients", False, lambda model, tokenizer: TokenSaliency(model), class_specific=True),
-        Method("blankout", "blank-out", False, _blank_out, class_specific=True),
-        Method("attnlrp", "AttnLRP", False, lambda model, tokenizer: AttnLRP(model), class_specific=True),
+        Method("value_zeroing", "value zeroing", True, lambda model, tokenizer, **options: ValueZeroing(model, **options)),
+        Method("alti", "ALTI", True, lambda model, tokenizer, **options: ALTI(model, **options)),
+        Method("norm", "attention norm", True, lambda model, tokenizer, **options: AttentionNorm(model, **options)),
+        Method("saliency", "input gradients", False, lambda model, tokenizer, **options: TokenSaliency(model, **options), class_specific=True),
+        Method("blankout", "blank-out", False, _blank_out, class_specific=True, on_scores=(("softmax", False),)),
+        Method("attnlrp", "AttnLRP", False, lambda model, tokenizer, **options: AttnLRP(model, **options), class_specific=True),
     )
 }
 
@@ -111,11 +116,11 @@ EXTRA_METHODS: dict[str, Method] = {
     for method in (
         Method(
             "input_x_gradient", "input x gradient", False,
-            lambda model, tokenizer: TokenInputXGradient(model), class_specific=True,
+            lambda model, tokenizer, **options: TokenInputXGradient(model, **options), class_specific=True,
         ),
         Method(
             "integrated_gradients", "integrated gradients", False,
-            lambda model, tokenizer: TokenIntegratedGradients(model, tokenizer=tokenizer), class_specific=True,
+            lambda model, tokenizer, **options: TokenIntegratedGradients(model, tokenizer=tokenizer, **options), class_specific=True,
         ),
     )
 }

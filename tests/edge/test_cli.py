@@ -259,7 +259,7 @@ def test_output_paths_are_checked_before_the_computation(command, out, message, 
     def no_model(*args, **kwargs):
         raise AssertionError("the model was loaded before the output path was checked")
 
-    monkeypatch.setattr("captum_attnflow.cli._load", no_model)
+    monkeypatch.setattr("captum_attnflow.cli._common.load", no_model)
     arguments = [command] + ([SENTENCE] if command != "reproduce" else ["--samples", "2"])
     assert main([*arguments, "--out", str(tmp_path / out)]) == 1
     assert message in capsys.readouterr().err

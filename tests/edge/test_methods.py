@@ -4,6 +4,7 @@ reproduction run."""
 from __future__ import annotations
 
 
+import pytest
 import torch
 
 from captum_attnflow import (
@@ -33,3 +34,9 @@ def test_each_entry_builds_its_attribution_for_a_model():
     assert attention_methods() == ("raw", "rollout", "flow", "gradient_rollout", "value_zeroing", "alti", "norm")
     blank_out = METHODS["blankout"].build(model, tokenizer)
     assert blank_out.token_id == tokenizer.unk_token_id  # the paper's blank
+    assert blank_out.scores.probabilities
+    # Options reach the constructor: one score (not class logits) is measured without its softmax.
+    on_scores = METHODS["blankout"].build(model, tokenizer, **dict(METHODS["blankout"].on_scores))
+    assert not on_scores.scores.probabilities and on_scores.token_id == tokenizer.unk_token_id
+    with pytest.raises(TypeError):
+        METHODS["rollout"].build(model, tokenizer, softmax=False)

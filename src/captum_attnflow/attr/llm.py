@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
-import inspect
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import torch
 from captum.attr import Attribution, TextTokenInput
@@ -15,6 +13,7 @@ from captum_attnflow.attr.attention_norm import AttentionNorm
 from captum_attnflow.attr.attnlrp import AttnLRP
 from captum_attnflow.attr.flow import AttentionFlow
 from captum_attnflow.attr.gradient_rollout import GradientWeightedRollout
+from captum_attnflow.attr.llm_inputs import TokenPreparation, check_options, default, pad, pad_id
 from captum_attnflow.attr.llm_result import LLMAttentionAttributionResult
 from captum_attnflow.attr.raw_attention import RawAttention
 from captum_attnflow.attr.rollout import AttentionRollout
@@ -25,7 +24,7 @@ from captum_attnflow.functional.encoder_decoder import (
     encoder_decoder_raw_attention,
     encoder_decoder_rollout,
 )
-from captum_attnflow.hf import check_token_ids, input_device, seq2seq_attentions
+from captum_attnflow.hf import input_device, seq2seq_attentions
 
 try:  # transformers is a dependency, but keep the import error readable
     from transformers import PreTrainedModel
@@ -39,7 +38,7 @@ _JOINT_GRAPH = {
 }
 
 
-class LLMAttentionAttribution(Attribution):
+class LLMAttentionAttribution(TokenPreparation, Attribution):
     """An attention method's scores of a language model's prompt for each token it writes.
 
     Mirrors Captum's :class:`~captum.attr.LLMAttribution`: wrap an attention method and a
@@ -228,94 +227,6 @@ class LLMAttentionAttribution(Attribution):
         ]
         return results[0] if single else results
 
-    def _text_input(self, prompt: Any) -> TextTokenInput:
-        if not isinstance(prompt, str):
-            raise TypeError(f"inp must be a prompt string or captum.attr.TextTokenInput, got {type(prompt).__name__}.")
-        return TextTokenInput(prompt, self.tokenizer)
-
-    def _prompt_ids(self, text: TextTokenInput, device: torch.device) -> Tensor:
-        """The prompt's token ids (n_in,), checked: some text, in the vocabulary, within the positions."""
-        ids = text.inp_tensor[0].to(device)
-        special = set(getattr(self.tokenizer, "all_special_ids", ()))
-        if all(token in special for token in ids.tolist()):
-            raise ValueError(
-                f"the prompt is empty: it holds no token besides the tokenizer's special ones "
-                f"({self.tokenizer.convert_ids_to_tokens(ids.tolist())}); pass the text to continue."
-            )
-        check_token_ids(ids[None], self.model)
-        room = self._room(ids)
-        if room is not None and room < 1:
-            raise ValueError(
-                f"the prompt has {ids.numel()} tokens but {type(self.model).__name__} has {self._positions()} "
-                f"positions{'' if self.encoder_decoder else ', one of them for the first output token'}; "
-                "shorten the prompt."
-            )
-        return ids
-
-    def _positions(self) -> int | None:
-        """The longest input the model's position embeddings allow, None when unbounded (relative positions)."""
-        config = self.model.config
-        for name in ("n_positions", "max_position_embeddings"):
-            if isinstance(getattr(config, name, None), int):
-                return getattr(config, name)
-        return None
-
-    def _room(self, prompt: Tensor) -> int | None:
-        """How many output tokens fit in the positions after ``prompt`` (n_in,), None if unbounded.
-
-        A decoder-only model reads prompt + target; an encoder-decoder's encoder reads the prompt
-        (room 0 if it does not fit) and its decoder the start token and all output tokens but the last.
-        """
-        positions = self._positions()
-        if positions is None:
-            return None
-        if self.encoder_decoder:
-            return positions if prompt.numel() <= positions else 0
-        return positions - prompt.numel()
-
-    def _target_ids(self, prompt: Tensor, target: Any, max_new_tokens: int, device: torch.device) -> Tensor:
-        """The output token ids (n_out,): the target's, or the greedy continuation of ``prompt``
-        (at most ``max_new_tokens``, and no more than the model's positions leave)."""
-        room = self._room(prompt)
-        if isinstance(target, str):
-            ids = torch.tensor(self.tokenizer.encode(target, add_special_tokens=False), dtype=torch.long, device=device)
-        elif isinstance(target, Tensor):
-            if target.dtype == torch.bool or target.dtype.is_floating_point or target.dtype.is_complex:
-                raise TypeError(
-                    f"target as a tensor must hold integer token ids, got dtype {target.dtype}; pass e.g. "
-                    "torch.tensor(tokenizer.encode(text, add_special_tokens=False)), or the text itself."
-                )
-            if target.dim() != 1:
-                raise ValueError(f"target as a tensor must be 1-D token ids (n_out,), got shape {tuple(target.shape)}.")
-            ids = target.to(device, torch.long)
-        elif target is None:
-            with _eval_mode(self.model):
-                generated = self.model.generate(
-                    input_ids=prompt[None],
-                    attention_mask=torch.ones_like(prompt)[None],
-                    max_new_tokens=max_new_tokens if room is None else min(max_new_tokens, room),
-                    do_sample=False,
-                    num_beams=1,
-                    pad_token_id=_pad_id(self.tokenizer, self.model),
-                )[0]
-            # a causal LM returns the prompt and the continuation; an encoder-decoder its start token first
-            ids = generated[1:] if self.encoder_decoder else generated[prompt.numel() :]
-        else:
-            raise TypeError(f"target must be a string, a 1-D tensor of token ids or None, got {type(target).__name__}.")
-        if ids.numel() == 0:
-            raise ValueError("the target has no tokens: pass a non-empty target, or None to generate one.")
-        try:
-            check_token_ids(ids[None], self.model)
-        except ValueError as error:
-            raise ValueError(f"target: {error}") from None
-        if room is not None and ids.numel() > room:
-            lengths = f"{ids.numel()}" if self.encoder_decoder else f"{prompt.numel()} + {ids.numel()}"
-            raise ValueError(
-                f"{'the target has' if self.encoder_decoder else 'prompt and target have'} {lengths} tokens but "
-                f"{type(self.model).__name__} has {self._positions()} positions; shorten the "
-                f"{'target' if self.encoder_decoder else 'prompt or the target'}."
-            )
-        return ids
 
     def _contrast_ids(
         self, prompts: list[Tensor], outputs: list[Tensor], targets: list, contrasts: list, device: torch.device
@@ -348,7 +259,7 @@ class LLMAttentionAttribution(Attribution):
         if side not in ("left", "right"):
             raise ValueError(f'padding_side must be "left" or "right", got {side!r}.')
         sequences = [torch.cat([p, o]) for p, o in zip(prompts, outputs)]
-        ids, mask, offsets = _pad(sequences, _pad_id(self.tokenizer, self.model), side)
+        ids, mask, offsets = pad(sequences, pad_id(self.tokenizer, self.model), side)
         lengths = torch.tensor([o.numel() for o in outputs], device=ids.device)
         starts = torch.tensor([off + p.numel() - 1 for off, p in zip(offsets, prompts)], device=ids.device)
         # All predicting positions in one call, (B, max n_out): examples with fewer output tokens
@@ -364,9 +275,9 @@ class LLMAttentionAttribution(Attribution):
             if isinstance(method, (GradientWeightedRollout, AttnLRP)):  # each position explains the token it writes
                 kwargs = {"target": ids.gather(1, position + 1), **kwargs}
                 if kwargs.get("contrast") is not None:  # the contrast token at the same place, (B, max n_out)
-                    contrast, _, _ = _pad(kwargs["contrast"], 0, "right")
+                    contrast, _, _ = pad(kwargs["contrast"], 0, "right")
                     kwargs["contrast"] = contrast.gather(1, position - starts[:, None])
-        _check_options(self.attr_method, kwargs)
+        check_options(self.attr_method, kwargs)
         # (B, max n_out, N)
         scores = method.attribute(ids, position=position, layer=layer, attention_mask=mask, **kwargs)
         return [
@@ -395,17 +306,17 @@ class LLMAttentionAttribution(Attribution):
         start = self.model.config.decoder_start_token_id
         if start is None:
             raise ValueError(f"{type(self.model).__name__}.config.decoder_start_token_id is None; set it to run the decoder.")
-        pad = _pad_id(self.tokenizer, self.model)
-        source, source_mask, _ = _pad(prompts, pad, "right")
+        pad_token = pad_id(self.tokenizer, self.model)
+        source, source_mask, _ = pad(prompts, pad_token, "right")
         decoder_inputs = [torch.cat([o.new_tensor([start]), o[:-1]]) for o in outputs]
-        decoder, decoder_mask, _ = _pad(decoder_inputs, pad, "right")
+        decoder, decoder_mask, _ = pad(decoder_inputs, pad_token, "right")
         if gradient:  # Chefer et al.'s co-attention rules, each position for the token it writes
-            written, _, _ = _pad(outputs, pad, "right")
+            written, _, _ = pad(outputs, pad_token, "right")
             scores = self.attr_method.encoder_decoder_rows(
                 source, decoder, written, layer, source_mask, decoder_mask, show_progress=show_progress
             )
         else:
-            options = {"residual_alpha": _default(self.attr_method, "residual_alpha"), **kwargs}
+            options = {"residual_alpha": default(self.attr_method, "residual_alpha"), **kwargs}
             if isinstance(self.attr_method, AttentionFlow):  # the joint graph's products take no time to show
                 options["show_progress"] = show_progress
             maps = seq2seq_attentions(self.model, source, decoder, source_mask, decoder_mask)
@@ -451,55 +362,3 @@ class LLMAttentionAttribution(Attribution):
             method=type(self.attr_method).__name__,
             model_name=str(getattr(getattr(self.model, "config", None), "name_or_path", "") or ""),
         )
-
-
-def _pad(sequences: list[Tensor], pad_id: int, side: str) -> tuple[Tensor, Tensor, list[int]]:
-    """Stack 1-D id tensors into (B, N) ids and mask, padded on ``side``; each one's offset."""
-    width = max(s.numel() for s in sequences)
-    ids = sequences[0].new_full((len(sequences), width), pad_id)
-    mask = torch.zeros_like(ids)
-    offsets = []
-    for row, sequence in enumerate(sequences):
-        offset = width - sequence.numel() if side == "left" else 0
-        ids[row, offset : offset + sequence.numel()] = sequence
-        mask[row, offset : offset + sequence.numel()] = 1
-        offsets.append(offset)
-    return ids, mask, offsets
-
-
-def _pad_id(tokenizer: Any, model: nn.Module) -> int:
-    for value in (getattr(tokenizer, "pad_token_id", None), model.config.pad_token_id, model.config.eos_token_id):
-        if isinstance(value, int):
-            return value
-    return 0  # any id will do: padding is masked out
-
-
-# Set by the wrapper itself for each call.
-_WRAPPER_ARGUMENTS = ("inputs", "additional_forward_args", "position", "layer", "attention_mask")
-
-
-def _check_options(method: Attribution, kwargs: dict) -> None:
-    """Refuse keywords ``method.attribute`` does not take, or that the wrapper sets, naming those it takes."""
-    taken = [name for name in inspect.signature(type(method).attribute).parameters if name not in ("self", *_WRAPPER_ARGUMENTS)]
-    unknown = sorted(set(kwargs) - set(taken))
-    if unknown:
-        raise TypeError(
-            f"{type(method).__name__} through LLMAttentionAttribution takes no {', '.join(unknown)}: layer is the "
-            f"wrapper's own argument, positions and masks come from the prompt; it takes {', '.join(taken)}."
-        )
-
-
-def _default(method: Attribution, name: str) -> Any:
-    return inspect.signature(type(method).attribute).parameters[name].default
-
-
-@contextlib.contextmanager
-def _eval_mode(model: nn.Module) -> Iterator[None]:
-    """Generate without dropout; every submodule's own mode comes back afterwards."""
-    modes = [(module, module.training) for module in model.modules()]
-    model.eval()
-    try:
-        yield
-    finally:
-        for module, mode in modes:
-            module.training = mode

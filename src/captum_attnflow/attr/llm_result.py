@@ -80,13 +80,13 @@ class LLMAttentionAttributionResult(LLMAttributionResult):
 
     def to_html(self, path: str | Path | None = None, title: str | None = None) -> str:
         """A self-contained HTML view: one row per output token, one cell per prompt token,
-        coloured by ``token_attr`` (see :mod:`captum_attnflow.visualize_html`); written to
+        coloured by ``token_attr`` (see :mod:`captum_attnflow.visualize.html`); written to
         ``path`` as a whole page when given.
 
         Returns:
             str: the HTML (a fragment without ``path``, the page with it).
         """
-        from captum_attnflow.visualize_html import Section, attribution_html
+        from captum_attnflow.visualize.html import Section, attribution_html
 
         rows = [f"{t + 1}: {token}" for t, token in enumerate(self.output_tokens)]
         name = " ".join(part for part in (self.method, self.model_name) if part)

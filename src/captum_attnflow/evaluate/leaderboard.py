@@ -229,7 +229,7 @@ class Leaderboard:
 
     def plot(self, ax=None, kind: str | None = None, **kwargs):
         """Matplotlib figure, one panel per metric: forest plots (methods by rank, best on
-        top, intervals as bars, see :func:`~captum_attnflow.visualize_forest.plot_forest`),
+        top, intervals as bars, see :func:`~captum_attnflow.visualize.forest.plot_forest`),
         or, for per-layer methods, layers on x with one line and confidence band per method
         (methods without layers as a dashed line and band).
 
@@ -238,7 +238,7 @@ class Leaderboard:
                 None (default) makes a new figure, not registered with pyplot.
             kind: ``"forest"`` or ``"layers"``; None (default) draws layers when some method
                 has several layers, else forest plots.
-            kwargs: passed on to :func:`~captum_attnflow.visualize_forest.plot_forest`
+            kwargs: passed on to :func:`~captum_attnflow.visualize.forest.plot_forest`
                 (``floor``, ``columns``, ``title``, ``metrics``).
 
         Returns:
@@ -257,7 +257,7 @@ class Leaderboard:
             raise ValueError(f"kind must be 'forest', 'layers' or None, got {kind!r}.")
         layered = any(sum(1 for key in self.values if key[:2] == (method, metric)) > 1 for method, metric, _ in self.values)
         if kind == "forest" or (kind is None and not layered):
-            from captum_attnflow.visualize_forest import plot_forest
+            from captum_attnflow.visualize.forest import plot_forest
 
             return plot_forest(self, ax=ax, **kwargs)
         if kwargs:

@@ -50,7 +50,7 @@ def plot_forest(
 
         >>> import numpy as np
         >>> from captum_attnflow.evaluate import Leaderboard
-        >>> from captum_attnflow.visualize_forest import plot_forest
+        >>> from captum_attnflow.visualize.forest import plot_forest
         >>> noise = np.random.default_rng(0).normal(0, 0.05, (3, 30))
         >>> board = Leaderboard.from_values({"comprehensiveness": {
         ...     "rollout": 0.3 + noise[0], "raw": 0.29 + noise[1], "random": 0.1 + noise[2]}}, n_resamples=99)

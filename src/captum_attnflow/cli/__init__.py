@@ -1,0 +1,77 @@
+"""The ``captum-attnflow`` command: explain a sentence, draw the paper's figures, reproduce its tables.
+
+``captum-attnflow explain "the keys to the cabinet"`` prints the model's prediction and
+per-token scores and writes a layers x tokens heatmap; ``captum-attnflow figures`` draws the
+paper's Figure 1 (raw attention, rollout and flow of every position at every layer) and
+Figures 2-3 (the CLS token over layers) for a sentence; ``captum-attnflow reproduce`` computes
+Tables 1 and 2 of Abnar & Zuidema (2020) (see :mod:`captum_attnflow.reproduce`). They run on
+the verb-number model that ships with the package or on a checkpoint directory saved with
+``save_pretrained`` (``--model DIR``): an agreement model, or for ``explain`` and ``figures``
+any Hugging Face sequence-classification model saved with its tokenizer. ``captum-attnflow generate``
+explains a language model's continuation of a prompt; ``captum-attnflow adversarial`` runs the
+adversarial-attention study (see :mod:`captum_attnflow.adversarial.study`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from captum_attnflow.cli import adversarial, benchmark, explain, figures, generate, reproduce
+
+# The commands in the order ``--help`` lists them; each module adds its own sub-parser.
+COMMANDS = (explain, figures, reproduce, generate, adversarial, benchmark)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line ``argv``, as the ``captum-attnflow`` command does.
+
+    Args:
+        argv: the arguments after the program name, e.g. ``["explain", "the keys to the
+            cabinet"]``; None (default) reads ``sys.argv[1:]``. ``main(["--help"])`` lists
+            the commands and their options.
+
+    Returns:
+        int: the exit status, 0 on success, 1 when the command fails with an error it
+        reports on stderr (argparse itself exits with 2 on malformed arguments).
+
+    Example::
+
+        >>> import tempfile
+        >>> from captum_attnflow.cli import main
+        >>> with tempfile.TemporaryDirectory() as tmp:  # the heatmap goes to a throwaway file
+        ...     main(["explain", "the keys to the cabinet", "--method", "rollout", "--layer", "6",
+        ...           "--out", f"{tmp}/keys.png"])  # doctest: +ELLIPSIS
+        prediction: plural (probability 1.000)
+        token    rollout L6
+        -------------------
+        [CLS]        0.1373
+        the          0.0889
+        keys         0.3435
+        to           0.0963
+        the          0.0739
+        cabinet      0.2602
+        heatmap written to .../keys.png
+        0
+    """
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except (ValueError, TypeError, OSError) as error:
+        print(f"captum-attnflow {args.command}: error: {error}", file=sys.stderr)
+        return 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="captum-attnflow",
+        description="Attention rollout and attention flow (Abnar & Zuidema, ACL 2020) on the bundled "
+        "subject-verb agreement model.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in COMMANDS:
+        command.add_parser(commands)
+    return parser
+

@@ -1,0 +1,154 @@
+"""What the commands of ``captum-attnflow`` share: argument types, loading a saved model, encoding
+a sentence, the prediction, output paths, and the colour-bar labels of the figures."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from captum_attnflow.data.agreement import PLURAL, SINGULAR
+from captum_attnflow.models import AgreementConfig, load_agreement_model
+
+NUMBERS = {SINGULAR: "singular", PLURAL: "plural"}
+IMAGE_SUFFIXES = (".png", ".pdf", ".svg", ".jpg")
+# What the colour bars of the figures show.
+VALUE_LABELS = {
+    "raw": "attention weight (head mean)",
+    "rollout": "rollout score",
+    "flow": "max-flow value",
+    "gradient_rollout": "relevance (not normalised)",
+    "value_zeroing": "value-zeroing share",
+    "alti": "ALTI share",
+    "norm": "norm of weighted values",
+    "saliency": "gradient norm",
+    "blankout": "drop in probability",
+    "attnlrp": "relevance (AttnLRP)",
+}
+
+
+def layer(value: str) -> int | None:
+    """``--layer``: a layer number 1..L, or None for ``all``."""
+    if value == "all":
+        return None
+    return _whole_number(value, "a layer number 1..L or 'all'", "layers are numbered from 1")
+
+
+def head(value: str) -> int | str:
+    """``--head``: a head number 0..H-1, or ``"all"``."""
+    if value == "all":
+        return value
+    return _whole_number(value, "a head number 0..H-1 or 'all'", "heads are numbered from 0", minimum=0)
+
+
+def positive(value: str) -> int:
+    """A count given on the command line: an integer >= 1."""
+    return _whole_number(value, "a positive integer", "expected a positive integer")
+
+
+def _whole_number(value: str, expected: str, too_small: str, minimum: int = 1) -> int:
+    """Parse an argparse value as an integer >= ``minimum``; the messages say what was expected instead."""
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {value!r}") from None
+    if number < minimum:
+        raise argparse.ArgumentTypeError(f"{too_small}, got {number}")
+    return number
+
+
+def load(directory: Path | None, agreement_only: bool = False) -> tuple[Any, Any]:
+    """The bundled model, a saved agreement model, or (unless ``agreement_only``) any saved
+    Hugging Face sequence-classification model and its tokenizer; anything else is refused
+    before a model with random weights could be built from it."""
+    if directory is None:
+        return load_agreement_model()
+    if not directory.is_dir() or not (directory / "config.json").is_file():
+        raise FileNotFoundError(f"--model {directory} is not a directory saved with save_pretrained (no config.json).")
+    config = json.loads((directory / "config.json").read_text())
+    kind = config.get("model_type")
+    if kind == AgreementConfig.model_type:
+        return load_agreement_model(directory)
+    if agreement_only:
+        raise ValueError(
+            f"--model {directory} holds a {kind!r} model; reproduce needs the verb-number agreement model "
+            "(`python -m captum_attnflow.models.train --out DIR`), whose data and classes it evaluates."
+        )
+    heads = [name for name in config.get("architectures") or [] if name.endswith("ForSequenceClassification")]
+    if not heads:
+        raise ValueError(
+            f"--model {directory} holds a {kind!r} model ({', '.join(config.get('architectures') or ['no architecture'])}) "
+            "without a sequence-classification head, so it makes no prediction to explain: save a "
+            "*ForSequenceClassification model (model.save_pretrained(DIR); tokenizer.save_pretrained(DIR))."
+        )
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    except (OSError, ValueError, TypeError) as error:
+        raise ValueError(f"--model {directory} has no loadable tokenizer: save it beside the model ({error}).") from None
+    model = AutoModelForSequenceClassification.from_pretrained(directory, local_files_only=True).eval()
+    return model, tokenizer
+
+
+def _label(model: Any, index: int) -> str:
+    if isinstance(model.config, AgreementConfig):
+        return NUMBERS[index]
+    return str(model.config.id2label.get(index, index))
+
+
+def image_path(out: Path, default_name: str) -> Path:
+    """Where a figure goes (``out`` itself, or ``out/default_name`` for a directory), its folder
+    created now: a bad path fails before the computation, not after it."""
+    path = out / default_name if out.is_dir() else out
+    if path.suffix.lower() not in IMAGE_SUFFIXES:
+        raise ValueError(
+            f"--out {out} is neither an existing directory nor an image file name; end it with "
+            f"{', '.join(IMAGE_SUFFIXES)}, or create the directory first."
+        )
+    return writable(path.parent, out) / path.name
+
+
+def writable(directory: Path, out: Path) -> Path:
+    """Create ``directory`` (and its parents) and check it can be written, naming ``--out`` in the error."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ValueError(f"--out {out}: cannot create the directory {directory} ({error.strerror}).") from None
+    if not os.access(directory, os.W_OK):
+        raise ValueError(f"--out {out}: the directory {directory} is not writable.")
+    return directory
+
+
+def encode_sentence(sentence: str, tokenizer: Any) -> tuple[torch.Tensor, list[str]]:
+    """Token ids (1, n) and token strings of a sentence; words the tokenizer does not know are
+    reported on stderr."""
+    if not sentence.strip():
+        raise ValueError("the sentence has no words; pass e.g. \"the keys to the cabinet\".")
+    encoded = tokenizer(sentence, return_tensors="pt", return_offsets_mapping=True)
+    ids = encoded["input_ids"]
+    tokens = tokenizer.convert_ids_to_tokens(ids[0].tolist())
+    unknown = [
+        sentence[start:end]
+        for token, (start, end) in zip(tokens, encoded["offset_mapping"][0].tolist())
+        if token == tokenizer.unk_token
+    ]
+    if unknown:
+        print(
+            f"warning: not in the model's vocabulary, read as {tokenizer.unk_token}: {', '.join(unknown)}",
+            file=sys.stderr,
+        )
+    return ids, tokens
+
+
+def predict(model: Any, ids: torch.Tensor) -> tuple[int, str]:
+    with torch.no_grad():
+        probabilities = torch.softmax(model(ids).logits[0].float(), -1)
+    predicted = int(probabilities.argmax())
+    return predicted, f"{_label(model, predicted)} (probability {probabilities[predicted]:.3f})"
+

@@ -1,0 +1,94 @@
+"""``captum-attnflow adversarial``: the adversarial-attention study (see
+:mod:`captum_attnflow.adversarial.study`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from captum_attnflow.adversarial.study import DEFAULT_LAMBDAS, MODELS, run_study
+from captum_attnflow.cli import _common as common
+
+DEFAULT_ADVERSARIAL_DIR = Path("captum_attnflow_adversarial")
+
+
+def add_parser(commands: Any) -> None:
+    """Add the ``adversarial`` command to ``commands`` (argparse sub-parsers)."""
+    adversarial = commands.add_parser(
+        "adversarial",
+        help="is attention the only path? adversarial attention, probing and what it means for rollout and flow",
+        description="Train chunk taggers and adversaries of them and of the bundled agreement classifier "
+        "(Yang; Wiegreffe & Pinter 2019): per model the score, the JSD and KL of its attention to the "
+        "original per layer and the TVD of its predictions, beside another seed and uniform attention; "
+        "per-instance adversarial attention (Jain & Wallace 2019); probing classifiers; the Spearman "
+        "correlation of raw attention, rollout and flow across models and with blank-out. Writes markdown, "
+        "CSV files and the TVD-vs-JSD plot to DIR.",
+    )
+    adversarial.add_argument(
+        "--models", nargs="+", choices=tuple(MODELS), default=list(MODELS),
+        help="originals to study: yang and deep chunk taggers, the agreement classifier (default: all)",
+    )
+    adversarial.add_argument(
+        "--lambdas", nargs="+", type=float, default=list(DEFAULT_LAMBDAS), metavar="LAMBDA",
+        help="lambda grid of the global adversaries (default: %(default)s)",
+    )
+    adversarial.add_argument("--train-examples", type=common.positive, default=4096, help="generated training sentences (default: 4096)")
+    adversarial.add_argument("--test-examples", type=common.positive, default=512, help="held-out sentences (default: 512)")
+    adversarial.add_argument("--batch-size", type=common.positive, default=32, help="sentences per batch (default: 32)")
+    adversarial.add_argument(
+        "--train-steps", type=common.positive, default=150,
+        help="steps of each model trained from scratch: originals, other seed, uniform, probes (default: 150)",
+    )
+    adversarial.add_argument("--adversary-steps", type=common.positive, default=80, help="steps of each adversary (default: 80)")
+    adversarial.add_argument(
+        "--agreement-steps", type=common.positive, default=600,
+        help="steps of the agreement classifiers trained from scratch: other seed, uniform (default: 600)",
+    )
+    adversarial.add_argument(
+        "--per-instance-examples", type=common.positive, default=32, help="examples of the per-instance adversary (default: 32)"
+    )
+    adversarial.add_argument(
+        "--per-instance-steps", type=common.positive, default=100, help="optimisation steps of the per-instance adversary (default: 100)"
+    )
+    adversarial.add_argument("--epsilon", type=float, default=0.01, help="TVD bound of the per-instance adversary (default: 0.01)")
+    adversarial.add_argument("--seed", type=int, default=0, help="seed of data, initialisation and order (default: 0)")
+    adversarial.add_argument(
+        "--threads", type=common.positive, default=1,
+        help="torch CPU threads (default: 1; these small matrices gain little from more, and lose much on a busy machine)",
+    )
+    adversarial.add_argument(
+        "--out", type=Path, default=DEFAULT_ADVERSARIAL_DIR, metavar="DIR",
+        help=f"output directory (default: {DEFAULT_ADVERSARIAL_DIR})",
+    )
+    adversarial.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    adversarial.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(args.threads)
+    try:
+        result = run_study(
+            models=args.models,
+            lambdas=args.lambdas,
+            train_examples=args.train_examples,
+            test_examples=args.test_examples,
+            batch_size=args.batch_size,
+            train_steps=args.train_steps,
+            adversary_steps=args.adversary_steps,
+            agreement_steps=args.agreement_steps,
+            per_instance_examples=args.per_instance_examples,
+            per_instance_steps=args.per_instance_steps,
+            epsilon=args.epsilon,
+            seed=args.seed,
+            progress=not args.no_progress,
+        )
+    finally:
+        torch.set_num_threads(threads)
+    print(result.to_markdown())
+    paths = result.save(args.out)
+    print("written: " + ", ".join(str(path) for path in paths))
+    return 0

@@ -1,0 +1,98 @@
+"""``captum-attnflow benchmark``: the faithfulness leaderboard of the attribution methods, on the
+bundled tasks or on the user's own model and data (see :mod:`captum_attnflow.benchmark`)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+from captum_attnflow.cli import _common as common
+from captum_attnflow.methods import EXTRA_METHODS, METHODS
+
+DEFAULT_BENCHMARK_DIR = Path("captum_attnflow_benchmark")
+
+
+def add_parser(commands: Any) -> None:
+    """Add the ``benchmark`` command to ``commands`` (argparse sub-parsers)."""
+    from captum_attnflow.benchmark import FLOOR, QUICK_EXAMPLES, QUICK_METHODS
+    from captum_attnflow.benchmark_tasks import TASKS
+
+    names = (*METHODS, *EXTRA_METHODS, FLOOR)
+    benchmark = commands.add_parser(
+        "benchmark",
+        help="rank attribution methods by faithfulness: a leaderboard with confidence intervals",
+        description=f"Every method explains held-out examples of each task ({', '.join(TASKS)}); faithfulness "
+        "(AOPC comprehensiveness and sufficiency, log-odds, deletion-curve area, and the agreement data's "
+        "subject-first ground truth) per method with bootstrap intervals and Holm-adjusted Wilcoxon tests, and "
+        "each method's time per example. Writes leaderboard.md, leaderboard.csv and leaderboard.png to DIR.",
+    )
+    benchmark.add_argument("--tasks", nargs="+", choices=tuple(TASKS), default=tuple(TASKS), metavar="TASK",
+                           help=f"tasks (default: {' '.join(TASKS)})")
+    benchmark.add_argument("--methods", nargs="+", choices=names, metavar="NAME", help=f"methods (default: all of {', '.join(names)})")
+    benchmark.add_argument(
+        "--examples", type=common.positive, default=None, help="held-out examples per task (default: 64; with --data all rows)"
+    )
+    benchmark.add_argument(
+        "--quick", action="store_true",
+        help=f"{QUICK_EXAMPLES} examples per task and five methods ({', '.join(QUICK_METHODS)}) unless given",
+    )
+    benchmark.add_argument(
+        "--out", type=Path, default=DEFAULT_BENCHMARK_DIR, metavar="DIR", help=f"output directory (default: {DEFAULT_BENCHMARK_DIR})"
+    )
+    benchmark.add_argument(
+        "--checkpoint-dir", type=Path, metavar="DIR",
+        help="keep each task's per-example values here as they are computed; run the same command again to resume",
+    )
+    benchmark.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    mine = benchmark.add_argument_group(
+        "your own model and data", "a *ForSequenceClassification or *ForCausalLM directory saved with its tokenizer, "
+        "explained on the rows of a CSV, JSON Lines or Parquet file (instead of the tasks); also under accelerate launch",
+    )
+    mine.add_argument("--model", type=Path, metavar="DIR", help="the model directory (save_pretrained, with its tokenizer)")
+    mine.add_argument("--data", type=Path, metavar="FILE", help="a .csv, .tsv, .jsonl or .parquet file")
+    for column, default, text in (
+        ("text", "text", "a classifier's input text"), ("pair", None, "the second text of sentence pairs"),
+        ("label", None, "the gold class to explain (default: the predicted one)"), ("prompt", "prompt", "a language model's prompt"),
+        ("target", None, "the continuation whose first token is explained (default: the greedy next token)"),
+        ("contrast", None, "explain target rather than this class / text (contrastive)"),
+    ):
+        mine.add_argument(f"--{column}-column", default=default, metavar="NAME", help=f"{text} (default: {default})")
+    mine.add_argument("--deletion", choices=("remove", "mask", "unk", "pad"), default="remove",
+                      help="delete tokens from the attention mask (default) or write this token in their place")
+    mine.add_argument("--seed", type=int, default=0, help="seed of the drawn rows and the random floor (default: 0)")
+    mine.add_argument("--batch-size", type=common.positive, default=32, help="rows per batch (default: 32)")
+    benchmark.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from captum_attnflow.benchmark import QUICK_EXAMPLES, QUICK_METHODS, run_benchmark
+
+    if args.out.exists() and not args.out.is_dir():
+        raise ValueError(f"--out {args.out} is a file; benchmark writes several files: give a directory.")
+    out = common.writable(args.out, args.out)
+    methods = args.methods or (QUICK_METHODS if args.quick and args.data is None else None)
+    examples = QUICK_EXAMPLES if args.quick and args.examples is None else args.examples
+    if (args.model is None) != (args.data is None):
+        raise ValueError("--model DIR and --data FILE go together: your model explained on your rows.")
+    if args.data is not None:
+        from captum_attnflow.benchmark_user import load_data, load_model, run_user_benchmark
+        from captum_attnflow.benchmark_user_data import Columns
+
+        data = load_data(args.data)
+        model, tokenizer = load_model(args.model)
+        columns = Columns(args.text_column, args.pair_column, args.label_column, args.prompt_column,
+                          args.target_column, args.contrast_column)
+        result = run_user_benchmark(
+            model, tokenizer, data, columns, methods, examples, args.seed, args.batch_size, args.deletion,
+            name=args.data.stem, show_progress=not args.no_progress, checkpoint_dir=args.checkpoint_dir,
+        )
+    else:
+        result = run_benchmark(
+            args.tasks, methods, examples, seed=args.seed, show_progress=not args.no_progress, checkpoint_dir=args.checkpoint_dir
+        )
+    if int(os.environ.get("RANK", "0")) == 0:  # under accelerate launch every process has the table; one writes it
+        print(result.to_markdown())
+        print("\nwritten: " + ", ".join(str(path) for path in result.save(out)))
+    return 0

@@ -1,0 +1,125 @@
+"""``captum-attnflow generate PROMPT``: explain a language model's continuation of a prompt, token by
+token (see :class:`captum_attnflow.attr.llm.LLMAttentionAttribution`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from captum_attnflow.cli import _common as common
+from captum_attnflow.methods import METHODS, attention_methods
+
+DEFAULT_GENERATION_HEATMAP = Path("captum_attnflow_generate.png")
+
+
+def add_parser(commands: Any) -> None:
+    """Add the ``generate`` command to ``commands`` (argparse sub-parsers)."""
+    generate = commands.add_parser(
+        "generate",
+        help="explain a language model's continuation of a prompt",
+        description="Continue PROMPT greedily (or take --target) with the bundled agreement language model or a "
+        "local Hugging Face causal LM / encoder-decoder directory, print each prompt token's score for every "
+        "output token and write the output-tokens x prompt-tokens heatmap (Captum's plot_token_attr).",
+    )
+    generate.add_argument("prompt", help='the prompt, e.g. "the keys to the cabinet"')
+    generate.add_argument("--target", help="explain this continuation instead of generating one")
+    generate.add_argument(
+        "--contrast", metavar="TEXT",
+        help='explain why the model wrote the target rather than TEXT (e.g. "is"), by the gradient of the '
+        "difference of their logits; needs --method gradient_rollout (the default then)",
+    )
+    generate.add_argument(
+        "--method", choices=(*attention_methods(), "attnlrp"), default=None,
+        help="attribution method (default: rollout; gradient_rollout with --contrast)",
+    )
+    generate.add_argument(
+        "--layer", type=common.positive, default=None, metavar="N", help="explain after layer N (default: the last)"
+    )
+    generate.add_argument("--max-new-tokens", type=common.positive, default=10, help="longest continuation (default: 10)")
+    generate.add_argument(
+        "--receptive-field", action="store_true",
+        help="divide each score by the number of positions that can attend to the token (decoder-only models)",
+    )
+    generate.add_argument("--drop-sink", action="store_true", help="leave the first prompt token (BOS) out")
+    generate.add_argument(
+        "--out", type=Path, default=DEFAULT_GENERATION_HEATMAP, metavar="FILE.png",
+        help=f"where to write the heatmap (default: {DEFAULT_GENERATION_HEATMAP})",
+    )
+    generate.add_argument(
+        "--model", type=Path, metavar="DIR",
+        help="a local Hugging Face model directory (causal LM or encoder-decoder) instead of the bundled one",
+    )
+    generate.add_argument(
+        "--html", type=Path, metavar="FILE.html",
+        help="also write a self-contained HTML view (one row per output token, the score on hover)",
+    )
+    generate.add_argument(
+        "--words", choices=("sum", "max", "mean"), nargs="?", const="sum", default=None, metavar="sum|max|mean",
+        help="one score per word on both axes, prompt and output (sum by default)",
+    )
+    generate.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from captum_attnflow.attr.llm import LLMAttentionAttribution
+    from captum_attnflow.models.language_model import load_agreement_lm
+
+    if args.model is None:
+        model, tokenizer = load_agreement_lm()
+    else:
+        model, tokenizer = _load_language_model(args.model)
+    method = args.method or ("rollout" if args.contrast is None else "gradient_rollout")
+    if args.contrast is not None and not METHODS[method].class_specific:
+        raise ValueError(f"--contrast explains a difference of logits by its gradient: use --method gradient_rollout, not {method}.")
+    explainer = LLMAttentionAttribution(METHODS[method].build(model, tokenizer), tokenizer)
+    result = explainer.attribute(
+        args.prompt,
+        target=args.target,
+        contrast_target=args.contrast,
+        layer=-1 if args.layer is None else args.layer,
+        max_new_tokens=args.max_new_tokens,
+        receptive_field=args.receptive_field,
+        drop_sink=args.drop_sink,
+        **({} if explainer.encoder_decoder else dict(METHODS[method].display)),
+    )
+    print(f"continuation: {tokenizer.convert_tokens_to_string(result.output_tokens).strip()}")
+    if args.words:
+        result = result.aggregate_words(tokenizer, args.words)
+    print(_generation_table(result.input_tokens, result.output_tokens, result.token_attr))
+    figure, _ = result.plot_token_attr()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(args.out, dpi=120, bbox_inches="tight")
+    print(f"heatmap written to {args.out}")
+    if args.html:
+        result.to_html(args.html)
+        print(f"HTML view written to {args.html}")
+    return 0
+
+
+def _generation_table(input_tokens: list[str], output_tokens: list[str], token_attr: torch.Tensor) -> str:
+    """Prompt tokens as rows, one column per output token (the transpose of Captum's heatmap)."""
+    width = max(len(token) for token in [*input_tokens, "prompt"])
+    names = [f"{t + 1}:{token}" for t, token in enumerate(output_tokens)]
+    widths = [max(8, len(name)) for name in names]
+    header = f"{'prompt':<{width}}  " + "  ".join(f"{name:>{w}}" for name, w in zip(names, widths))
+    lines = [header, "-" * len(header)]
+    for j, token in enumerate(input_tokens):
+        cells = "  ".join(f"{float(token_attr[t, j]):>{w}.4f}" for t, w in enumerate(widths))
+        lines.append(f"{token:<{width}}  {cells}")
+    return "\n".join(lines)
+
+
+def _load_language_model(directory: Path) -> tuple[Any, Any]:
+    """A causal LM or encoder-decoder and its tokenizer from a local directory, offline."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
+
+    if not (directory / "config.json").is_file():
+        raise FileNotFoundError(f"--model {directory} holds no config.json: pass a directory saved with save_pretrained.")
+    config = AutoConfig.from_pretrained(directory, local_files_only=True)
+    loader = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
+    model = loader.from_pretrained(directory, local_files_only=True).eval()
+    return model, AutoTokenizer.from_pretrained(directory, local_files_only=True)
+
