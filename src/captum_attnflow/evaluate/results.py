@@ -1,9 +1,8 @@
-"""Per-example comparison scores and faithfulness values and their summaries: tables, CSV,
-plots, save / load / merge."""
+"""Per-example comparison scores and faithfulness values: summaries, save / load / merge (the tables,
+CSV files and figures are drawn by :mod:`~captum_attnflow.evaluate.comparison_tables`)."""
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 from dataclasses import dataclass, field
@@ -12,6 +11,7 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
+from captum_attnflow.evaluate.comparison_tables import comparison_markdown, plot_comparison, write_comparison_csv
 from captum_attnflow.evaluate.leaderboard import Leaderboard
 from captum_attnflow.evaluate.metrics import higher_is_better as metric_direction
 from captum_attnflow.evaluate.statistics import N_RESAMPLES
@@ -184,43 +184,7 @@ class ComparisonResult:
             | raw (ours) | 0.30 ± 0.10 |
             | raw (paper) | 0.53 ± 0.33 |
         """
-        blocks = []
-        for reference in self.references:
-            rows = [row for row in self.summary() if row["reference"] == reference]
-            layers = sorted({row["layer"] for row in rows if row["layer"] is not None})
-            columns = [f"L{layer}" for layer in layers] + (["score"] if any(r["layer"] is None for r in rows) else [])
-            lines = [
-                f"Spearman correlation with {reference} ({len(self)} examples, mean ± std)",
-                "",
-                "| method | " + " | ".join(columns) + " |",
-                "|---|" + "---|" * len(columns),
-            ]
-            for method in dict.fromkeys(row["method"] for row in rows):
-                mine = [row for row in rows if row["method"] == method]
-                cells = {_column(row["layer"]): f"{row['mean']:.{digits}f} ± {row['std']:.{digits}f}" for row in mine}
-                published = {
-                    _column(row["layer"]): "{:.{d}f} ± {:.{d}f}".format(*beside[key], d=digits)
-                    for row in mine
-                    if beside and (key := (method, reference, row["layer"])) in beside
-                }
-                label = f"{method} ({names[0]})" if published else method
-                lines.append(f"| {label} | " + " | ".join(cells.get(column, "") for column in columns) + " |")
-                if published:
-                    lines.append(
-                        f"| {method} ({names[1]}) | " + " | ".join(published.get(column, "") for column in columns) + " |"
-                    )
-            undefined: dict = {}
-            for row in rows:
-                if row["nan_count"]:
-                    undefined[row["method"]] = max(undefined.get(row["method"], 0), row["nan_count"])
-            if undefined:
-                worst = ", ".join(f"{method}: {count}" for method, count in undefined.items())
-                lines += [
-                    "",
-                    "Left out as undefined (constant scores, < 2 tokens or NaN; examples, most in any layer): " + worst,
-                ]
-            blocks.append("\n".join(lines))
-        return "\n\n".join(blocks)
+        return comparison_markdown(self, digits, beside, names)
 
     def to_csv(self, path: str | Path, beside: Beside | None = None, names: tuple[str, str] = ("ours", "paper")) -> None:
         """Write the summary, one row per (method, reference, layer); layer is empty for one-map methods.
@@ -240,14 +204,7 @@ class ComparisonResult:
             ...     print(open(f"{folder}/table.csv").read().splitlines()[0])
             method,reference,layer,mean,std,count,nan_count
         """
-        fields = ["method", "reference", "layer", "mean", "std", "count", "nan_count"]
-        extra = [f"{names[1]}_mean", f"{names[1]}_std"] if beside is not None else []
-        with open(path, "w", newline="") as handle:
-            writer = csv.DictWriter(handle, fields + extra)
-            writer.writeheader()
-            for row in self.summary():
-                published = beside.get((row["method"], row["reference"], row["layer"]), ("", "")) if extra else ()
-                writer.writerow({**row, "layer": "" if row["layer"] is None else row["layer"], **dict(zip(extra, published))})
+        write_comparison_csv(self, path, beside, names)
 
     def plot(self, ax=None, beside: Beside | None = None, names: tuple[str, str] = ("ours", "paper")):
         """Matplotlib figure, one panel per reference: layers on x, one line per method with a
@@ -270,42 +227,7 @@ class ComparisonResult:
             >>> len(figure.axes)  # one panel per reference
             1
         """
-        from matplotlib.figure import Figure
-
-        references = self.references
-        if ax is None:
-            figure = Figure(figsize=(5 * len(references), 3.5), layout="constrained")
-            axes = list(figure.subplots(1, len(references), squeeze=False)[0])
-        else:
-            axes = list(np.atleast_1d(ax))
-            figure = axes[0].figure
-            if len(axes) != len(references):
-                raise ValueError(f"pass one axes per reference ({len(references)}), got {len(axes)}.")
-        for axes_, reference in zip(axes, references):
-            rows = [row for row in self.summary() if row["reference"] == reference]
-            for index, method in enumerate(dict.fromkeys(row["method"] for row in rows)):
-                color = f"C{index}"
-                mine = sorted((r for r in rows if r["method"] == method), key=lambda r: r["layer"] or 0)
-                mean = np.array([r["mean"] for r in mine])
-                std = np.array([r["std"] for r in mine])
-                if mine[0]["layer"] is None:
-                    axes_.axhline(mean[0], linestyle="--", color=color, label=method)
-                    axes_.axhspan(mean[0] - std[0], mean[0] + std[0], color=color, alpha=0.1)
-                else:
-                    layers = np.array([r["layer"] for r in mine])
-                    published = [beside.get((method, reference, layer)) for layer in layers] if beside else []
-                    label = f"{method} ({names[0]})" if any(published) else method
-                    axes_.plot(layers, mean, marker="o", color=color, label=label)
-                    axes_.fill_between(layers, mean - std, mean + std, color=color, alpha=0.2)
-                    if any(published):
-                        drawn = [(layer, value[0]) for layer, value in zip(layers, published) if value]
-                        axes_.plot(*zip(*drawn), linestyle=":", marker="x", color=color, label=f"{method} ({names[1]})")
-                    axes_.set_xticks(layers, [f"L{layer}" for layer in layers])
-            axes_.set_xlabel("layer")
-            axes_.set_ylabel(f"Spearman with {reference}")
-            axes_.set_title(reference)
-            axes_.legend()
-        return figure
+        return plot_comparison(self, ax, beside, names)
 
     def save(self, path: str | Path, compress: bool = False) -> list[Path]:
         """Save the per-example scores and faithfulness values, to merge, resume or look at later
@@ -448,10 +370,6 @@ class ComparisonResult:
             {key: np.concatenate([r.metrics[key] for r in results])[first] for key in metric_keys},
             results[0].higher_is_better,
         )
-
-
-def _column(layer: int | None) -> str:
-    return "score" if layer is None else f"L{layer}"
 
 
 def _same_arrays(first: Mapping, second: Mapping) -> bool:
