@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from captum_attnflow.evaluate.panels import panel_axes
+
 if TYPE_CHECKING:
     from captum_attnflow.evaluate.results import Beside, ComparisonResult
 
@@ -74,17 +76,8 @@ def plot_comparison(
     result: ComparisonResult, ax: Any = None, beside: Beside | None = None, names: tuple[str, str] = ("ours", "paper")
 ) -> Any:
     """The figure of :meth:`ComparisonResult.plot`."""
-    from matplotlib.figure import Figure
-
     references = result.references
-    if ax is None:
-        figure = Figure(figsize=(5 * len(references), 3.5), layout="constrained")
-        axes = list(figure.subplots(1, len(references), squeeze=False)[0])
-    else:
-        axes = list(np.atleast_1d(ax))
-        figure = axes[0].figure
-        if len(axes) != len(references):
-            raise ValueError(f"pass one axes per reference ({len(references)}), got {len(axes)}.")
+    figure, axes = panel_axes(ax, len(references), "reference")
     for axes_, reference in zip(axes, references):
         rows = [row for row in result.summary() if row["reference"] == reference]
         for index, method in enumerate(dict.fromkeys(row["method"] for row in rows)):

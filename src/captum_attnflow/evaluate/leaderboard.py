@@ -10,6 +10,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from captum_attnflow.evaluate.metrics import higher_is_better as metric_direction
+from captum_attnflow.evaluate.panels import panel_axes
 from captum_attnflow.evaluate.statistics import N_RESAMPLES, Ranking, format_interval, rank_methods
 
 Key = tuple  # (method, metric, layer): layer 1..L, or None for a method without layers
@@ -262,17 +263,8 @@ class Leaderboard:
             return plot_forest(self, ax=ax, **kwargs)
         if kwargs:
             raise ValueError(f"{sorted(kwargs)} are options of the forest plot: pass kind='forest' with them.")
-        from matplotlib.figure import Figure
-
         metrics = self.metrics
-        if ax is None:
-            figure = Figure(figsize=(5 * len(metrics), 3.5), layout="constrained")
-            axes = list(figure.subplots(1, len(metrics), squeeze=False)[0])
-        else:
-            axes = list(np.atleast_1d(ax))
-            figure = axes[0].figure
-            if len(axes) != len(metrics):
-                raise ValueError(f"pass one axes per metric ({len(metrics)}), got {len(axes)}.")
+        figure, axes = panel_axes(ax, len(metrics), "metric")
         rows = self.summary()
         for axes_, metric in zip(axes, metrics):
             mine = [row for row in rows if row["metric"] == metric]
