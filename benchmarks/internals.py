@@ -10,6 +10,10 @@ classifier, B = 1, CPU. In one run it times, after one warm-up of each:
   model's own sdpa forward and backward of the same logit to the input embeddings (what
   Captum's ``Saliency`` on the embeddings runs);
 * ``ALTI.attribute(ids, layer=None)``: a forward and the decomposition of every layer;
+* the floor under ALTI: the transformed vectors :math:`T_i(x_j) = \\sum_h \\alpha^h_{ij} f^h(x_j)`
+  of every pair and layer (n^2 H D multiply-adds a layer, what any exact ALTI computes) by
+  torch's batched matrix product alone, in row blocks into one buffer, with no distance taken:
+  the forward plus this is the least an exact ALTI costs with this machine's BLAS;
 * ``ValueZeroing.attribute(ids, layer=None)`` at each ``--vz-n`` length (n variants of n tokens
   per layer re-run through the rest of the block), with the forward at that length.
 
@@ -60,6 +64,22 @@ def report(times: dict[str, list[float]], baseline: str) -> None:
             print(f"  {name:<28} {statistics.median(values):8.3f} s   {statistics.median(ratios):5.2f}x the {baseline}")
 
 
+def transformed_vectors_floor(config: BertConfig, n: int, rows: int = 16):
+    """A call that computes every layer's :math:`T_i(x_j)` (n, n, D) with ``torch.bmm`` over
+    blocks of ``rows`` query rows: (n_j, rows, H) weights @ (n_j, H, D) projected values."""
+    heads, size, layers = config.num_attention_heads, config.hidden_size, config.num_hidden_layers
+    weights = torch.softmax(torch.randn(n, n, heads), 1)  # (n_j, n_i, H)
+    projected = torch.randn(n, heads, size)  # (n_j, H, D)
+    buffer = torch.empty(n, rows, size)
+
+    def call():
+        for _ in range(layers):
+            for first in range(0, n, rows):
+                torch.bmm(weights[:, first:first + rows], projected, out=buffer)
+
+    return call
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=512, help="sequence length of the GWR and ALTI rows (default 512)")
@@ -86,12 +106,18 @@ def main() -> None:
                 config._attn_implementation = "sdpa"
 
     ids = torch.randint(1000, config.vocab_size, (1, args.n))
+    transformed_vectors = transformed_vectors_floor(config, args.n)
     print(f"BERT-base, n = {args.n}, B = 1, medians of {args.repeats}:")
-    report(timed({
+    times = timed({
         "eager forward": lambda: forward(ids),
-        "GradientWeightedRollout": lambda: gradient_rollout.attribute(ids, target=0, layer=None),
-        "ALTI": lambda: alti.attribute(ids, layer=None),
-    }, args.repeats), "eager forward")
+        "GradientWeightedRollout": lambda: gradient_rollout.attribute(ids, target=0, layer=None, show_progress=False),
+        "ALTI": lambda: alti.attribute(ids, layer=None, show_progress=False),
+        "T_i(x_j) by bmm alone": transformed_vectors,
+    }, args.repeats)
+    report(times, "eager forward")
+    floor = [f + t for f, t in zip(times["eager forward"], times["T_i(x_j) by bmm alone"])]
+    ratios = [value / reference for value, reference in zip(floor, times["eager forward"])]
+    print(f"  ALTI's floor (forward + T_i(x_j) by bmm): {statistics.median(ratios):5.2f}x the eager forward")
     lrp = AttnLRP(model)
 
     def forward_backward(ids):
@@ -102,14 +128,14 @@ def main() -> None:
     print(f"BERT-base, n = {args.n}, B = 1, AttnLRP against the sdpa forward + backward, medians of {args.repeats}:")
     report(timed({
         "forward + backward": lambda: forward_backward(ids),
-        "AttnLRP": lambda: lrp.attribute(ids, target=0),
+        "AttnLRP": lambda: lrp.attribute(ids, target=0, show_progress=False),
     }, args.repeats), "forward + backward")
     for n in args.vz_n:
         short = torch.randint(1000, config.vocab_size, (1, n))
         print(f"BERT-base, n = {n}, B = 1, value zeroing, medians of {args.repeats}:")
         report(timed({
             "eager forward": lambda: forward(short),
-            "ValueZeroing": lambda: zeroing.attribute(short, layer=None),
+            "ValueZeroing": lambda: zeroing.attribute(short, layer=None, show_progress=False),
         }, args.repeats), "eager forward")
 
 

@@ -83,6 +83,27 @@ def test_alti_matches_explicit_loops_pre_and_post_norm_on_both_code_paths():
         assert torch.allclose(plain.detach(), compiled, atol=2e-6)
 
 
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 19), heads=st.integers(1, 6), causal=st.booleans(), post_norm=st.booleans())
+def test_compiled_alti_matches_explicit_loops_for_any_head_count_and_length(seed, n, heads, causal, post_norm):
+    # The kernel takes heads four at a time and rows two at a time in tasks of 16 rows: head
+    # counts that are not a multiple of 4, odd lengths and lengths past one task, causal or not.
+    probabilities, values, inputs, weight, bias = _layer(seed, batch=1, heads=heads, n=n, width=9)
+    mask = torch.ones(1, n, dtype=torch.bool)
+    if causal:
+        probabilities = probabilities * torch.ones(n, n, dtype=torch.float64).tril()
+        probabilities = probabilities / probabilities.sum(-1, keepdim=True)
+    norm = (torch.rand(9, dtype=torch.float64) + 0.5, torch.randn(9, dtype=torch.float64), 1e-5) if post_norm else None
+    expected = _alti_loops(probabilities, values, inputs, weight, bias, mask, norm)
+    compiled = alti_contributions(
+        probabilities.float(), values.float(), inputs.float(), weight.float(), bias.float(), mask,
+        None if norm is None else (norm[0].float(), norm[1].float(), 1e-5),
+    )
+    assert torch.allclose(compiled.double(), expected, atol=5e-6)
+    if causal:
+        assert bool((compiled.triu(1) == 0).all())
+
+
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 10_000), n=st.integers(1, 7), heads=st.integers(1, 4))
 def test_alti_rows_are_a_distribution_over_real_tokens(seed, n, heads):
