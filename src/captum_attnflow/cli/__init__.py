@@ -20,7 +20,9 @@ from typing import Sequence
 
 from captum_attnflow.cli import adversarial, benchmark, explain, figures, generate, reproduce
 
-# The commands in the order ``--help`` lists them; each module adds its own sub-parser.
+# The commands in the order ``--help`` lists them. Each module declares its command: ``HELP``
+# and ``DESCRIPTION`` (its line in the list and its own ``--help``), ``add_arguments(parser)``
+# and ``run(args)``; the sub-parser is named after the module.
 COMMANDS = (explain, figures, reproduce, generate, adversarial, benchmark)
 
 
@@ -72,6 +74,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS:
-        command.add_parser(commands)
+        name = command.__name__.rpartition(".")[2]
+        subparser = commands.add_parser(name, help=command.HELP, description=command.DESCRIPTION)
+        command.add_arguments(subparser)
+        subparser.set_defaults(run=command.run)
     return parser
 

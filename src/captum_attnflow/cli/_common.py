@@ -114,6 +114,21 @@ def image_path(out: Path, default_name: str) -> Path:
     return writable(path.parent, out) / path.name
 
 
+def output_directory(out: Path, writes: str) -> Path:
+    """``--out`` of a command that writes several files: a directory, created now and writable;
+    ``writes`` says what the command writes, for the error when ``out`` is a file."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file; {writes}: give a directory.")
+    return writable(out, out)
+
+
+def write_html(result: Any, path: Path | None) -> None:
+    """Write ``result``'s HTML view to ``path`` (``--html``), if one was given, and say so."""
+    if path:
+        result.to_html(path)
+        print(f"HTML view written to {path}")
+
+
 def writable(directory: Path, out: Path) -> Path:
     """Create ``directory`` (and its parents) and check it can be written, naming ``--out`` in the error."""
     try:

@@ -4,29 +4,31 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from captum_attnflow.adversarial.study import DEFAULT_LAMBDAS, MODELS, run_study
 from captum_attnflow.cli import _common as common
+from captum_attnflow.cli import _options as options
 
 DEFAULT_ADVERSARIAL_DIR = Path("captum_attnflow_adversarial")
+_STUDY_PARAMETERS = frozenset(inspect.signature(run_study).parameters) - {"progress"}
+
+HELP = "is attention the only path? adversarial attention, probing and what it means for rollout and flow"
+DESCRIPTION = (
+    "Train chunk taggers and adversaries of them and of the bundled agreement classifier (Yang; Wiegreffe & "
+    "Pinter 2019): per model the score, the JSD and KL of its attention to the original per layer and the TVD "
+    "of its predictions, beside another seed and uniform attention; per-instance adversarial attention (Jain & "
+    "Wallace 2019); probing classifiers; the Spearman correlation of raw attention, rollout and flow across "
+    "models and with blank-out. Writes markdown, CSV files and the TVD-vs-JSD plot to DIR."
+)
 
 
-def add_parser(commands: Any) -> None:
-    """Add the ``adversarial`` command to ``commands`` (argparse sub-parsers)."""
-    adversarial = commands.add_parser(
-        "adversarial",
-        help="is attention the only path? adversarial attention, probing and what it means for rollout and flow",
-        description="Train chunk taggers and adversaries of them and of the bundled agreement classifier "
-        "(Yang; Wiegreffe & Pinter 2019): per model the score, the JSD and KL of its attention to the "
-        "original per layer and the TVD of its predictions, beside another seed and uniform attention; "
-        "per-instance adversarial attention (Jain & Wallace 2019); probing classifiers; the Spearman "
-        "correlation of raw attention, rollout and flow across models and with blank-out. Writes markdown, "
-        "CSV files and the TVD-vs-JSD plot to DIR.",
-    )
+def add_arguments(adversarial: argparse.ArgumentParser) -> None:
+    """The arguments of ``adversarial``; those named after a parameter of
+    :func:`~captum_attnflow.adversarial.study.run_study` are passed on to it."""
     adversarial.add_argument(
         "--models", nargs="+", choices=tuple(MODELS), default=list(MODELS),
         help="originals to study: yang and deep chunk taggers, the agreement classifier (default: all)",
@@ -54,38 +56,21 @@ def add_parser(commands: Any) -> None:
         "--per-instance-steps", type=common.positive, default=100, help="optimisation steps of the per-instance adversary (default: 100)"
     )
     adversarial.add_argument("--epsilon", type=float, default=0.01, help="TVD bound of the per-instance adversary (default: 0.01)")
-    adversarial.add_argument("--seed", type=int, default=0, help="seed of data, initialisation and order (default: 0)")
+    options.add_seed(adversarial, "data, initialisation and order")
     adversarial.add_argument(
         "--threads", type=common.positive, default=1,
         help="torch CPU threads (default: 1; these small matrices gain little from more, and lose much on a busy machine)",
     )
-    adversarial.add_argument(
-        "--out", type=Path, default=DEFAULT_ADVERSARIAL_DIR, metavar="DIR",
-        help=f"output directory (default: {DEFAULT_ADVERSARIAL_DIR})",
-    )
-    adversarial.add_argument("--no-progress", action="store_true", help="hide the progress bars")
-    adversarial.set_defaults(run=run)
+    options.add_output_directory(adversarial, DEFAULT_ADVERSARIAL_DIR)
+    options.add_no_progress(adversarial)
 
 
 def run(args: argparse.Namespace) -> int:
+    study_options = {name: value for name, value in vars(args).items() if name in _STUDY_PARAMETERS}
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
     try:
-        result = run_study(
-            models=args.models,
-            lambdas=args.lambdas,
-            train_examples=args.train_examples,
-            test_examples=args.test_examples,
-            batch_size=args.batch_size,
-            train_steps=args.train_steps,
-            adversary_steps=args.adversary_steps,
-            agreement_steps=args.agreement_steps,
-            per_instance_examples=args.per_instance_examples,
-            per_instance_steps=args.per_instance_steps,
-            epsilon=args.epsilon,
-            seed=args.seed,
-            progress=not args.no_progress,
-        )
+        result = run_study(**study_options, progress=not args.no_progress)
     finally:
         torch.set_num_threads(threads)
     print(result.to_markdown())

@@ -6,28 +6,28 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import Any
-
+from captum_attnflow.benchmark_tasks import TASKS
 from captum_attnflow.cli import _common as common
+from captum_attnflow.cli import _options as options
 from captum_attnflow.methods import EXTRA_METHODS, METHODS
 
 DEFAULT_BENCHMARK_DIR = Path("captum_attnflow_benchmark")
 
 
-def add_parser(commands: Any) -> None:
-    """Add the ``benchmark`` command to ``commands`` (argparse sub-parsers)."""
+HELP = "rank attribution methods by faithfulness: a leaderboard with confidence intervals"
+DESCRIPTION = (
+    f"Every method explains held-out examples of each task ({', '.join(TASKS)}); faithfulness (AOPC "
+    "comprehensiveness and sufficiency, log-odds, deletion-curve area, and the agreement data's subject-first "
+    "ground truth) per method with bootstrap intervals and Holm-adjusted Wilcoxon tests, and each method's time "
+    "per example. Writes leaderboard.md, leaderboard.csv and leaderboard.png to DIR."
+)
+
+
+def add_arguments(benchmark: argparse.ArgumentParser) -> None:
+    """The arguments of ``benchmark``."""
     from captum_attnflow.benchmark import FLOOR, QUICK_EXAMPLES, QUICK_METHODS
-    from captum_attnflow.benchmark_tasks import TASKS
 
     names = (*METHODS, *EXTRA_METHODS, FLOOR)
-    benchmark = commands.add_parser(
-        "benchmark",
-        help="rank attribution methods by faithfulness: a leaderboard with confidence intervals",
-        description=f"Every method explains held-out examples of each task ({', '.join(TASKS)}); faithfulness "
-        "(AOPC comprehensiveness and sufficiency, log-odds, deletion-curve area, and the agreement data's "
-        "subject-first ground truth) per method with bootstrap intervals and Holm-adjusted Wilcoxon tests, and "
-        "each method's time per example. Writes leaderboard.md, leaderboard.csv and leaderboard.png to DIR.",
-    )
     benchmark.add_argument("--tasks", nargs="+", choices=tuple(TASKS), default=tuple(TASKS), metavar="TASK",
                            help=f"tasks (default: {' '.join(TASKS)})")
     benchmark.add_argument("--methods", nargs="+", choices=names, metavar="NAME", help=f"methods (default: all of {', '.join(names)})")
@@ -38,19 +38,17 @@ def add_parser(commands: Any) -> None:
         "--quick", action="store_true",
         help=f"{QUICK_EXAMPLES} examples per task and five methods ({', '.join(QUICK_METHODS)}) unless given",
     )
-    benchmark.add_argument(
-        "--out", type=Path, default=DEFAULT_BENCHMARK_DIR, metavar="DIR", help=f"output directory (default: {DEFAULT_BENCHMARK_DIR})"
-    )
+    options.add_output_directory(benchmark, DEFAULT_BENCHMARK_DIR)
     benchmark.add_argument(
         "--checkpoint-dir", type=Path, metavar="DIR",
         help="keep each task's per-example values here as they are computed; run the same command again to resume",
     )
-    benchmark.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    options.add_no_progress(benchmark)
     mine = benchmark.add_argument_group(
         "your own model and data", "a *ForSequenceClassification or *ForCausalLM directory saved with its tokenizer, "
         "explained on the rows of a CSV, JSON Lines or Parquet file (instead of the tasks); also under accelerate launch",
     )
-    mine.add_argument("--model", type=Path, metavar="DIR", help="the model directory (save_pretrained, with its tokenizer)")
+    options.add_model(mine, "the model directory (save_pretrained, with its tokenizer)")
     mine.add_argument("--data", type=Path, metavar="FILE", help="a .csv, .tsv, .jsonl or .parquet file")
     for column, default, text in (
         ("text", "text", "a classifier's input text"), ("pair", None, "the second text of sentence pairs"),
@@ -61,17 +59,14 @@ def add_parser(commands: Any) -> None:
         mine.add_argument(f"--{column}-column", default=default, metavar="NAME", help=f"{text} (default: {default})")
     mine.add_argument("--deletion", choices=("remove", "mask", "unk", "pad"), default="remove",
                       help="delete tokens from the attention mask (default) or write this token in their place")
-    mine.add_argument("--seed", type=int, default=0, help="seed of the drawn rows and the random floor (default: 0)")
+    options.add_seed(mine, "the drawn rows and the random floor")
     mine.add_argument("--batch-size", type=common.positive, default=32, help="rows per batch (default: 32)")
-    benchmark.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from captum_attnflow.benchmark import QUICK_EXAMPLES, QUICK_METHODS, run_benchmark
 
-    if args.out.exists() and not args.out.is_dir():
-        raise ValueError(f"--out {args.out} is a file; benchmark writes several files: give a directory.")
-    out = common.writable(args.out, args.out)
+    out = common.output_directory(args.out, "benchmark writes several files")
     methods = args.methods or (QUICK_METHODS if args.quick and args.data is None else None)
     examples = QUICK_EXAMPLES if args.quick and args.examples is None else args.examples
     if (args.model is None) != (args.data is None):

@@ -5,28 +5,25 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
-
 import torch
 
 from captum_attnflow.cli import _common as common
+from captum_attnflow.cli import _options as options
 from captum_attnflow.explanation import ExplanationResult
 from captum_attnflow.methods import METHODS, paper_methods
 from captum_attnflow.visualize import plot_methods
 
 DEFAULT_HEATMAP = Path("captum_attnflow_explain.png")
+HELP = "explain the model's verb-number prediction for a sentence"
+DESCRIPTION = (
+    "Predict the number of the verb that would follow SENTENCE (singular or plural), print each token's score "
+    "and write a layers x tokens heatmap (the paper's Figures 2-3). Attention methods explain the CLS token "
+    "after each layer; saliency (input gradients) and blankout explain the predicted class."
+)
 
 
-def add_parser(commands: Any) -> None:
-    """Add the ``explain`` command to ``commands`` (argparse sub-parsers)."""
-    explain = commands.add_parser(
-        "explain",
-        help="explain the model's verb-number prediction for a sentence",
-        description="Predict the number of the verb that would follow SENTENCE (singular or plural), "
-        "print each token's score and write a layers x tokens heatmap (the paper's Figures 2-3). "
-        "Attention methods explain the CLS token after each layer; saliency (input gradients) and "
-        "blankout explain the predicted class.",
-    )
+def add_arguments(explain: argparse.ArgumentParser) -> None:
+    """The arguments of ``explain``."""
     explain.add_argument("sentence", help='the sentence up to the verb, e.g. "the keys to the cabinet"')
     explain.add_argument(
         "--method", choices=(*METHODS, "all"), default="all", help="attribution method (default: all)"
@@ -46,20 +43,12 @@ def add_parser(commands: Any) -> None:
         help=f"where to write the heatmap: an image file, or a directory to write {DEFAULT_HEATMAP} into "
         f"(default: {DEFAULT_HEATMAP})",
     )
-    explain.add_argument(
-        "--model", type=Path, metavar="DIR",
-        help="a saved model directory instead of the bundled one: an agreement model, or any Hugging Face "
+    options.add_model(
+        explain, "a saved model directory instead of the bundled one: an agreement model, or any Hugging Face "
         "sequence-classification model saved with its tokenizer",
     )
-    explain.add_argument(
-        "--html", type=Path, metavar="FILE.html",
-        help="also write a self-contained HTML view (one row per layer of each method, the score on hover)",
-    )
-    explain.add_argument(
-        "--words", choices=("sum", "max", "mean"), nargs="?", const="sum", default=None, metavar="sum|max|mean",
-        help="one score per word: merge sub-word pieces (sum by default; max or mean on request)",
-    )
-    explain.set_defaults(run=run)
+    options.add_html(explain, "also write a self-contained HTML view (one row per layer of each method, the score on hover)")
+    options.add_words(explain, "one score per word: merge sub-word pieces (sum by default; max or mean on request)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -109,11 +98,8 @@ def run(args: argparse.Namespace) -> int:
                           value_labels=common.VALUE_LABELS)
     figure.savefig(out, dpi=120)
     print(f"heatmap written to {out}")
-    if args.html:
-        result.to_html(args.html)
-        print(f"HTML view written to {args.html}")
+    common.write_html(result, args.html)
     return 0
-
 
 
 def _score_table(tokens: list[str], scores: dict[str, torch.Tensor], labels: dict[str, list[str]]) -> str:

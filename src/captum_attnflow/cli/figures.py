@@ -5,42 +5,31 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
-
 from captum_attnflow.cli import _common as common
+from captum_attnflow.cli import _options as options
 from captum_attnflow.hf import extract_attentions
-from captum_attnflow.methods import METHODS, attention_methods, paper_methods
+from captum_attnflow.methods import METHODS
 from captum_attnflow.visualize import plot_methods, plot_position_maps
 
 DEFAULT_FIGURES_DIR = Path("captum_attnflow_figures")
+HELP = "draw the paper's Figures 1-3 for a sentence"
+DESCRIPTION = (
+    "Figure 1: raw attention, rollout and flow of every position (rows of a panel) over the input tokens, at "
+    "every layer. Figures 2-3: the CLS token's scores over layers for the three methods. Writes figure1.png "
+    "and figures2_3.png into DIR."
+)
 
 
-def add_parser(commands: Any) -> None:
-    """Add the ``figures`` command to ``commands`` (argparse sub-parsers)."""
-    figures = commands.add_parser(
-        "figures",
-        help="draw the paper's Figures 1-3 for a sentence",
-        description="Figure 1: raw attention, rollout and flow of every position (rows of a panel) over the "
-        "input tokens, at every layer. Figures 2-3: the CLS token's scores over layers for the three "
-        "methods. Writes figure1.png and figures2_3.png into DIR.",
-    )
+def add_arguments(figures: argparse.ArgumentParser) -> None:
+    """The arguments of ``figures``."""
     figures.add_argument("sentence", help='the sentence up to the verb, e.g. "the keys to the cabinet"')
-    figures.add_argument(
-        "--out", type=Path, default=DEFAULT_FIGURES_DIR, metavar="DIR",
-        help=f"output directory (default: {DEFAULT_FIGURES_DIR})",
-    )
-    figures.add_argument("--model", type=Path, metavar="DIR", help="a saved model directory (as for explain)")
-    figures.add_argument(
-        "--methods", nargs="+", choices=attention_methods(), default=paper_methods(), metavar="NAME",
-        help=f"per-layer methods to draw (default: the paper's, {' '.join(paper_methods())}; any of {', '.join(attention_methods())})",
-    )
-    figures.set_defaults(run=run)
+    options.add_output_directory(figures, DEFAULT_FIGURES_DIR)
+    options.add_model(figures, "a saved model directory (as for explain)")
+    options.add_attention_methods(figures, "to draw", default_note="the paper's, ")
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.out.exists() and not args.out.is_dir():
-        raise ValueError(f"--out {args.out} is a file; figures writes two images: give a directory.")
-    out = common.writable(args.out, args.out)
+    out = common.output_directory(args.out, "figures writes two images")
     model, tokenizer = common.load(args.model)
     ids, tokens = common.encode_sentence(args.sentence, tokenizer)
     predicted, prediction = common.predict(model, ids)

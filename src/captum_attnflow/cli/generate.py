@@ -10,20 +10,21 @@ from typing import Any
 import torch
 
 from captum_attnflow.cli import _common as common
+from captum_attnflow.cli import _options as options
 from captum_attnflow.methods import METHODS, attention_methods
 
 DEFAULT_GENERATION_HEATMAP = Path("captum_attnflow_generate.png")
 
+HELP = "explain a language model's continuation of a prompt"
+DESCRIPTION = (
+    "Continue PROMPT greedily (or take --target) with the bundled agreement language model or a local Hugging "
+    "Face causal LM / encoder-decoder directory, print each prompt token's score for every output token and "
+    "write the output-tokens x prompt-tokens heatmap (Captum's plot_token_attr)."
+)
 
-def add_parser(commands: Any) -> None:
-    """Add the ``generate`` command to ``commands`` (argparse sub-parsers)."""
-    generate = commands.add_parser(
-        "generate",
-        help="explain a language model's continuation of a prompt",
-        description="Continue PROMPT greedily (or take --target) with the bundled agreement language model or a "
-        "local Hugging Face causal LM / encoder-decoder directory, print each prompt token's score for every "
-        "output token and write the output-tokens x prompt-tokens heatmap (Captum's plot_token_attr).",
-    )
+
+def add_arguments(generate: argparse.ArgumentParser) -> None:
+    """The arguments of ``generate``."""
     generate.add_argument("prompt", help='the prompt, e.g. "the keys to the cabinet"')
     generate.add_argument("--target", help="explain this continuation instead of generating one")
     generate.add_argument(
@@ -48,19 +49,9 @@ def add_parser(commands: Any) -> None:
         "--out", type=Path, default=DEFAULT_GENERATION_HEATMAP, metavar="FILE.png",
         help=f"where to write the heatmap (default: {DEFAULT_GENERATION_HEATMAP})",
     )
-    generate.add_argument(
-        "--model", type=Path, metavar="DIR",
-        help="a local Hugging Face model directory (causal LM or encoder-decoder) instead of the bundled one",
-    )
-    generate.add_argument(
-        "--html", type=Path, metavar="FILE.html",
-        help="also write a self-contained HTML view (one row per output token, the score on hover)",
-    )
-    generate.add_argument(
-        "--words", choices=("sum", "max", "mean"), nargs="?", const="sum", default=None, metavar="sum|max|mean",
-        help="one score per word on both axes, prompt and output (sum by default)",
-    )
-    generate.set_defaults(run=run)
+    options.add_model(generate, "a local Hugging Face model directory (causal LM or encoder-decoder) instead of the bundled one")
+    options.add_html(generate, "also write a self-contained HTML view (one row per output token, the score on hover)")
+    options.add_words(generate, "one score per word on both axes, prompt and output (sum by default)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -93,9 +84,7 @@ def run(args: argparse.Namespace) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(args.out, dpi=120, bbox_inches="tight")
     print(f"heatmap written to {args.out}")
-    if args.html:
-        result.to_html(args.html)
-        print(f"HTML view written to {args.html}")
+    common.write_html(result, args.html)
     return 0
 
 
