@@ -15,9 +15,7 @@ Options: ``--steps`` (1000), ``--batch-size`` (32), ``--lr`` (3e-3), ``--train-e
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from pathlib import Path
 from typing import Sequence
 
 import torch
@@ -26,6 +24,7 @@ from captum_attnflow.adversarial.tasks import chunking_task
 from captum_attnflow.adversarial.training import train as train_steps
 from captum_attnflow.data import build_tokenizer
 from captum_attnflow.models.tagger import TaggerModel, bundled_tagger_config
+from captum_attnflow.models.training import add_optimizer_options, add_run_options, save_run
 
 
 def train(args: argparse.Namespace) -> dict:
@@ -51,17 +50,8 @@ def train(args: argparse.Namespace) -> dict:
     train_steps(model, task, args.steps, lr=args.lr, seed=args.seed, progress=False)
     minutes = (time.perf_counter() - started) / 60
     model.set_attn_implementation("sdpa")
-    results = {
-        "n": args.eval_examples,
-        "chunk_f1": task.score(model),
-        "train_minutes": minutes,
-        "settings": {key: value for key, value in vars(args).items() if key != "out"},
-    }
-    out = Path(args.out)
-    model.save_pretrained(out)
-    build_tokenizer().save_pretrained(out)
-    (out / "eval_results.json").write_text(json.dumps(results, indent=2) + "\n")
-    return results
+    results = {"n": args.eval_examples, "chunk_f1": task.score(model)}
+    return save_run(args, model, build_tokenizer(), results, minutes)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -69,14 +59,10 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m captum_attnflow.adversarial.train_tagger",
         description="Train the chunk tagger on generated sentences and report its held-out chunk F1.",
     )
-    parser.add_argument("--out", required=True, help="directory for the model, tokenizer and eval_results.json")
-    parser.add_argument("--steps", type=int, default=1000, help="optimizer steps (default 1000)")
-    parser.add_argument("--batch-size", type=int, default=32, help="sentences per step (default 32)")
-    parser.add_argument("--lr", type=float, default=3e-3, help="peak learning rate of AdamW (default 3e-3)")
+    add_optimizer_options(parser, steps=1000, batch_size=32, batch_unit="sentences", lr="3e-3")
     parser.add_argument("--train-examples", type=int, default=8192, help="training sentences (default 8192)")
     parser.add_argument("--eval-examples", type=int, default=1024, help="held-out sentences (default 1024)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the data, init and batch order (default 0)")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    add_run_options(parser, "the data, init and batch order", threads=1)
     return parser
 
 

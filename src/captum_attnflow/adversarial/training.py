@@ -27,11 +27,11 @@ import copy
 import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
-from transformers import get_linear_schedule_with_warmup
 
 from captum_attnflow.adversarial.metrics import kl
 from captum_attnflow.adversarial.tasks import AttentionSource, Batch, Task, forward
 from captum_attnflow.data.chunking import IGNORE_INDEX
+from captum_attnflow.models.training import adamw_with_schedule, optimizer_step
 
 _ATTENTION_FLOOR = 1e-12
 
@@ -82,8 +82,7 @@ def train(
     if original is not None:
         original = original.eval().requires_grad_(False)
     model.eval()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
-    schedule = get_linear_schedule_with_warmup(optimizer, max(1, steps // 10), steps)
+    optimizer, schedule = adamw_with_schedule(model, lr, 0.01, max(1, steps // 10), steps)
     generator = torch.Generator().manual_seed(seed)
     order: list[int] = []
     bar = tqdm(range(steps), desc=desc, disable=not progress, mininterval=2, leave=False)
@@ -95,11 +94,7 @@ def train(
             loss = _label_loss(forward(model, batch, attention).logits, batch["labels"])
         else:
             loss = adversarial_loss(model, original, task, batch, lam)
-        loss.backward()
-        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        schedule.step()
-        optimizer.zero_grad()
+        optimizer_step(loss, model, optimizer, schedule)
         bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
     return model.eval()
 

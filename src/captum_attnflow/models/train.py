@@ -23,19 +23,24 @@ batch-size`` by default), ``--eval-examples`` (2000), ``--seed`` (0), ``--eval-s
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from pathlib import Path
 from typing import Sequence
 
 import torch
 from tqdm.auto import tqdm
 from tokenizers import processors
-from transformers import PreTrainedTokenizerFast, get_linear_schedule_with_warmup
+from transformers import PreTrainedTokenizerFast
 
 from captum_attnflow.data import AgreementExample, build_tokenizer, encode_examples, generate_examples
 from captum_attnflow.data.agreement import SHORT_SENTENCES, accuracy_by_attractors
 from captum_attnflow.models.agreement import AgreementConfig, AgreementModel
+from captum_attnflow.models.training import (
+    adamw_with_schedule,
+    add_optimizer_options,
+    add_run_options,
+    optimizer_step,
+    save_run,
+)
 
 # The token in the verb's slot of a model trained with --end-token: one of the tokenizer's
 # special tokens already, so the vocabulary and the model's size stay the same.
@@ -128,8 +133,7 @@ def train(args: argparse.Namespace) -> dict[str, float | int]:
     held_out = generate_examples(args.eval_examples, seed=args.eval_seed, split="test")
     config = AgreementConfig(vocab_size=len(tokenizer))
     model = AgreementModel(config).to(args.device).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
-    schedule = get_linear_schedule_with_warmup(optimizer, args.warmup, args.steps)
+    optimizer, schedule = adamw_with_schedule(model, args.lr, args.weight_decay, args.warmup, args.steps)
     # Eager attention is the faster one on CPU for these short, padded sequences.
     model.set_attn_implementation("eager")
     generator = torch.Generator().manual_seed(args.seed)
@@ -145,23 +149,13 @@ def train(args: argparse.Namespace) -> dict[str, float | int]:
             attention_mask=batch["attention_mask"].to(args.device),
             labels=batch["labels"].to(args.device),
         )
-        output.loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        schedule.step()
-        optimizer.zero_grad()
+        optimizer_step(output.loss, model, optimizer, schedule)
         if step % 100 == 0:
             progress.set_postfix(loss=f"{output.loss.item():.3f}")
     model.eval()
     model.set_attn_implementation("sdpa")
     results = evaluate(model, tokenizer, held_out)
-    results["train_minutes"] = (time.perf_counter() - started) / 60
-    results["settings"] = {key: value for key, value in vars(args).items() if key != "out"}
-    out = Path(args.out)
-    model.cpu().save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    (out / "eval_results.json").write_text(json.dumps(results, indent=2) + "\n")
-    return results
+    return save_run(args, model.cpu(), tokenizer, results, (time.perf_counter() - started) / 60)
 
 
 def _length_bucketed_batches(
@@ -183,19 +177,13 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m captum_attnflow.models.train",
         description="Train the paper's verb-number agreement model on generated data and report held-out accuracy.",
     )
-    parser.add_argument("--out", required=True, help="directory for the model, tokenizer and eval_results.json")
-    parser.add_argument("--steps", type=int, default=3000, help="optimizer steps (default 3000)")
-    parser.add_argument("--batch-size", type=int, default=64, help="examples per step (default 64)")
-    parser.add_argument("--lr", type=float, default=1e-3, help="peak learning rate of AdamW (default 1e-3)")
-    parser.add_argument("--warmup", type=int, default=300, help="linear warm-up steps (default 300)")
+    add_optimizer_options(parser, steps=3000, batch_size=64, batch_unit="examples", lr="1e-3", warmup=300)
     parser.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay (default 0.01)")
     parser.add_argument(
         "--train-examples", type=int, default=None, help="training set size (default steps * batch size: one epoch)"
     )
     parser.add_argument("--eval-examples", type=int, default=2000, help="held-out examples (default 2000)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the training data, init and order (default 0)")
-    parser.add_argument("--eval-seed", type=int, default=1, help="seed of the held-out test split (default 1)")
-    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
+    add_run_options(parser, "the training data, init and order", threads=2, eval_seeded="the held-out test split")
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
     parser.add_argument(
         "--end-token", action="store_true", help=f"append an end token ({END_TOKEN}) in the verb's slot of every input"

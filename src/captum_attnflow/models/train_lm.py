@@ -14,13 +14,11 @@ Options: ``--steps`` (3000), ``--batch-size`` (64), ``--lr`` (2e-3), ``--warmup`
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from pathlib import Path
 from typing import Sequence
 
 import torch
-from transformers import GPT2LMHeadModel, get_linear_schedule_with_warmup
+from transformers import GPT2LMHeadModel
 
 from captum_attnflow.data import generate_examples
 from captum_attnflow.models.language_model import (
@@ -29,6 +27,13 @@ from captum_attnflow.models.language_model import (
     lm_sentence,
     subject_attractor_rates,
     verb_number_accuracy,
+)
+from captum_attnflow.models.training import (
+    adamw_with_schedule,
+    add_optimizer_options,
+    add_run_options,
+    optimizer_step,
+    save_run,
 )
 
 
@@ -59,31 +64,19 @@ def train(args: argparse.Namespace) -> dict:
     model.set_attn_implementation("eager")  # the faster one on CPU for these short sequences
     sentences = [lm_sentence(e) for e in generate_examples(args.steps * args.batch_size, seed=args.seed)]
     held_out = generate_examples(args.eval_examples, seed=args.eval_seed, split="test")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
-    schedule = get_linear_schedule_with_warmup(optimizer, args.warmup, args.steps)
+    optimizer, schedule = adamw_with_schedule(model, args.lr, 0.01, args.warmup, args.steps)
     started = time.perf_counter()
     for step in range(args.steps):
         chunk = sentences[step * args.batch_size : (step + 1) * args.batch_size]
         batch = tokenizer(chunk, is_split_into_words=True, padding=True, return_tensors="pt")
         labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
-        loss = model(**batch, labels=labels).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        schedule.step()
-        optimizer.zero_grad()
+        optimizer_step(model(**batch, labels=labels).loss, model, optimizer, schedule)
     model.eval()
     model.set_attn_implementation("sdpa")
     results: dict = verb_number_accuracy(model, tokenizer, held_out)
     results["subject_above_attractors"] = subject_attractor_rates(model, tokenizer, held_out[: args.rate_examples])
-    results["train_minutes"] = (time.perf_counter() - started) / 60
-    results["settings"] = {key: value for key, value in vars(args).items() if key != "out"}
-    out = Path(args.out)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    (out / "eval_results.json").write_text(json.dumps(results, indent=2) + "\n")
-    return results
+    return save_run(args, model, tokenizer, results, (time.perf_counter() - started) / 60)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -92,19 +85,13 @@ def _parser() -> argparse.ArgumentParser:
         description="Train the agreement language model on generated sentences and report the held-out "
         "accuracy of the verb's number.",
     )
-    parser.add_argument("--out", required=True, help="directory for the model, tokenizer and eval_results.json")
-    parser.add_argument("--steps", type=int, default=3000, help="optimizer steps (default 3000)")
-    parser.add_argument("--batch-size", type=int, default=64, help="sentences per step (default 64)")
-    parser.add_argument("--lr", type=float, default=2e-3, help="peak learning rate of AdamW (default 2e-3)")
-    parser.add_argument("--warmup", type=int, default=200, help="linear warm-up steps (default 200)")
+    add_optimizer_options(parser, steps=3000, batch_size=64, batch_unit="sentences", lr="2e-3", warmup=200)
     parser.add_argument("--eval-examples", type=int, default=2000, help="held-out examples (default 2000)")
     parser.add_argument(
         "--rate-examples", type=int, default=1000,
         help="held-out examples for the subject-above-attractors rates (default 1000; those with attractors count)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the training data and init (default 0)")
-    parser.add_argument("--eval-seed", type=int, default=1, help="seed of the held-out split (default 1)")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    add_run_options(parser, "the training data and init", threads=1, eval_seeded="the held-out split")
     return parser
 
 
