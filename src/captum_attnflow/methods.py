@@ -73,6 +73,11 @@ class Method:
     on_scores: tuple = ()
 
 
+def _on_model(attribution_class: type) -> Callable[..., Any]:
+    """``build`` of a method constructed from the model alone (and its options)."""
+    return lambda model, tokenizer, **options: attribution_class(model, **options)
+
+
 def _blank_out(model: Any, tokenizer: Any, **options: Any) -> BlankOut:
     # The paper's blank: the unknown token, looked up on the tokenizer.
     return BlankOut(model, tokenizer=tokenizer, **options)
@@ -81,20 +86,20 @@ def _blank_out(model: Any, tokenizer: Any, **options: Any) -> BlankOut:
 METHODS: dict[str, Method] = {
     method.name: method
     for method in (
-        Method("raw", "raw", True, lambda model, tokenizer, **options: RawAttention(model, **options), from_attentions=True),
-        Method("rollout", "rollout", True, lambda model, tokenizer, **options: AttentionRollout(model, **options), from_attentions=True),
-        Method("flow", "flow", True, lambda model, tokenizer, **options: AttentionFlow(model, **options), from_attentions=True),
+        Method("raw", "raw", True, _on_model(RawAttention), from_attentions=True),
+        Method("rollout", "rollout", True, _on_model(AttentionRollout), from_attentions=True),
+        Method("flow", "flow", True, _on_model(AttentionFlow), from_attentions=True),
         Method(
             "gradient_rollout", "gradient-weighted rollout", True,
-            lambda model, tokenizer, **options: GradientWeightedRollout(model, **options), class_specific=True,
+            _on_model(GradientWeightedRollout), class_specific=True,
             display=(("remove_identity", True),),
         ),
-        Method("value_zeroing", "value zeroing", True, lambda model, tokenizer, **options: ValueZeroing(model, **options)),
-        Method("alti", "ALTI", True, lambda model, tokenizer, **options: ALTI(model, **options)),
-        Method("norm", "attention norm", True, lambda model, tokenizer, **options: AttentionNorm(model, **options)),
-        Method("saliency", "input gradients", False, lambda model, tokenizer, **options: TokenSaliency(model, **options), class_specific=True),
+        Method("value_zeroing", "value zeroing", True, _on_model(ValueZeroing)),
+        Method("alti", "ALTI", True, _on_model(ALTI)),
+        Method("norm", "attention norm", True, _on_model(AttentionNorm)),
+        Method("saliency", "input gradients", False, _on_model(TokenSaliency), class_specific=True),
         Method("blankout", "blank-out", False, _blank_out, class_specific=True, on_scores=(("softmax", False),)),
-        Method("attnlrp", "AttnLRP", False, lambda model, tokenizer, **options: AttnLRP(model, **options), class_specific=True),
+        Method("attnlrp", "AttnLRP", False, _on_model(AttnLRP), class_specific=True),
     )
 }
 
@@ -116,7 +121,7 @@ EXTRA_METHODS: dict[str, Method] = {
     for method in (
         Method(
             "input_x_gradient", "input x gradient", False,
-            lambda model, tokenizer, **options: TokenInputXGradient(model, **options), class_specific=True,
+            _on_model(TokenInputXGradient), class_specific=True,
         ),
         Method(
             "integrated_gradients", "integrated gradients", False,

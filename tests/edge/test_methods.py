@@ -7,35 +7,48 @@ from __future__ import annotations
 import pytest
 import torch
 
-from captum_attnflow import (
-    ALTI,
-    AttnLRP,
-    AttentionFlow,
-    AttentionNorm,
-    AttentionRollout,
-    GradientWeightedRollout,
-    RawAttention,
-    ValueZeroing,
-)
-from captum_attnflow.baselines import BlankOut, TokenSaliency
 from captum_attnflow.data import build_tokenizer
+from captum_attnflow.hf import extract_attentions
 from captum_attnflow.methods import METHODS, attention_methods, paper_methods
 from captum_attnflow.models import AgreementConfig, AgreementModel
 
 
-def test_each_entry_builds_its_attribution_for_a_model():
+def test_each_entry_keeps_the_promises_of_its_flags():
     torch.manual_seed(0)
     model, tokenizer = AgreementModel(AgreementConfig(num_hidden_layers=2)).eval(), build_tokenizer()
-    expected = {"raw": RawAttention, "rollout": AttentionRollout, "flow": AttentionFlow,
-                "gradient_rollout": GradientWeightedRollout, "value_zeroing": ValueZeroing, "alti": ALTI,
-                "norm": AttentionNorm, "saliency": TokenSaliency, "blankout": BlankOut, "attnlrp": AttnLRP}
-    assert {name: type(method.build(model, tokenizer)) for name, method in METHODS.items()} == expected
+    ids = tokenizer(["the keys to the cabinet"], return_tensors="pt")["input_ids"]  # (1, 6)
+    attentions = extract_attentions(model, ids)
+    for name, entry in METHODS.items():
+        method = entry.build(model, tokenizer)
+        target = {"target": 1} if entry.class_specific else {}
+        scores = method.attribute(ids, layer=None, **target) if entry.per_layer else method.attribute(ids, target=1)
+        assert scores.shape == ((2, 1, 6) if entry.per_layer else (1, 6)), name
+        if entry.from_attentions:  # the attention maps alone give the same scores
+            torch.testing.assert_close(entry.build(lambda _: attentions, tokenizer).attribute(ids, layer=None), scores)
+        if entry.class_specific:  # the target chooses what is explained
+            other = method.attribute(ids, target=0, **({"layer": None} if entry.per_layer else {}))
+            assert not torch.allclose(other, scores), name
+    # "raw" is the head-mean attention of the explained position ([CLS]) at each layer; "rollout" the
+    # product of the layers' head-mean attention mixed half and half with the residual (paper, section 3).
+    raw = torch.stack([layer.mean(1)[:, 0] for layer in attentions])
+    torch.testing.assert_close(METHODS["raw"].build(model, tokenizer).attribute(ids, layer=None), raw)
+    mixed = [0.5 * layer.mean(1)[0] + 0.5 * torch.eye(6) for layer in attentions]
+    torch.testing.assert_close(
+        METHODS["rollout"].build(model, tokenizer).attribute(ids, layer=None)[:, 0],
+        torch.stack([mixed[0][0], (mixed[1] @ mixed[0])[0]]),
+    )
+    assert len({type(entry.build(model, tokenizer)) for entry in METHODS.values()}) == len(METHODS)
     assert paper_methods() == ("raw", "rollout", "flow")
-    assert attention_methods() == ("raw", "rollout", "flow", "gradient_rollout", "value_zeroing", "alti", "norm")
+    assert set(paper_methods()) < set(attention_methods()) < set(METHODS)
+
+
+def test_options_reach_the_constructor():
+    torch.manual_seed(0)
+    model, tokenizer = AgreementModel(AgreementConfig(num_hidden_layers=2)).eval(), build_tokenizer()
     blank_out = METHODS["blankout"].build(model, tokenizer)
     assert blank_out.token_id == tokenizer.unk_token_id  # the paper's blank
     assert blank_out.scores.probabilities
-    # Options reach the constructor: one score (not class logits) is measured without its softmax.
+    # One score (not class logits) is measured without its softmax.
     on_scores = METHODS["blankout"].build(model, tokenizer, **dict(METHODS["blankout"].on_scores))
     assert not on_scores.scores.probabilities and on_scores.token_id == tokenizer.unk_token_id
     with pytest.raises(TypeError):

@@ -14,15 +14,21 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from captum_attnflow.docstrings import fill_docstring
 
+# The arguments of every distance below.
+_ARGS_DOC = """Args:
+        p, q: (..., k) distributions (non-negative, each summing to 1), same shape.
+        mask: optional (...) with 1 for real distributions and 0 for padding."""
+
+
+@fill_docstring(args=_ARGS_DOC)
 def kl(p: Tensor, q: Tensor, mask: Tensor | None = None) -> Tensor:
     """Kullback-Leibler divergence :math:`\\mathrm{KL}(p \\| q) = \\sum_i p_i \\ln(p_i / q_i)` over the last dimension.
 
     Terms with :math:`p_i = 0` are 0; a :math:`q_i = 0` where :math:`p_i > 0` gives ``inf``.
 
-    Args:
-        p, q: (..., k) distributions (non-negative, each summing to 1), same shape.
-        mask: optional (...) with 1 for real distributions and 0 for padding.
+    {args}
 
     Returns:
         Tensor: (...) divergences, 0 where ``mask`` is 0.
@@ -37,6 +43,7 @@ def kl(p: Tensor, q: Tensor, mask: Tensor | None = None) -> Tensor:
     return _masked(value, mask)
 
 
+@fill_docstring(args=_ARGS_DOC)
 def jsd(p: Tensor, q: Tensor, mask: Tensor | None = None) -> Tensor:
     """Jensen-Shannon divergence over the last dimension, natural log, in :math:`[0, \\ln 2]`.
 
@@ -45,9 +52,7 @@ def jsd(p: Tensor, q: Tensor, mask: Tensor | None = None) -> Tensor:
 
     (the square of ``scipy.spatial.distance.jensenshannon`` with its default natural log).
 
-    Args:
-        p, q: (..., k) distributions (non-negative, each summing to 1), same shape.
-        mask: optional (...) with 1 for real distributions and 0 for padding.
+    {args}
 
     Returns:
         Tensor: (...) divergences, 0 where ``mask`` is 0.
@@ -74,12 +79,11 @@ def _plogp_over(p: Tensor, m: Tensor) -> Tensor:
     return p * (p.clamp_min(tiny).log() - m.clamp_min(tiny).log())
 
 
+@fill_docstring(args=_ARGS_DOC)
 def tvd(p: Tensor, q: Tensor, mask: Tensor | None = None) -> Tensor:
     """Total variation distance :math:`\\tfrac12 \\sum_i |p_i - q_i|` over the last dimension, in [0, 1].
 
-    Args:
-        p, q: (..., k) distributions (non-negative, each summing to 1), same shape.
-        mask: optional (...) with 1 for real distributions and 0 for padding.
+    {args}
 
     Returns:
         Tensor: (...) distances, 0 where ``mask`` is 0.

@@ -22,6 +22,7 @@ from transformers.modeling_outputs import TokenClassifierOutput
 from transformers.utils.output_capturing import capture_outputs
 
 from captum_attnflow.data.chunking import CHUNK_TAGS, IGNORE_INDEX
+from captum_attnflow.docstrings import fill_docstring
 from captum_attnflow.models.agreement import AgreementConfig, AgreementModel
 from captum_attnflow.models.bundled import load_checkpoint
 
@@ -48,14 +49,19 @@ class TaggerConfig(AgreementConfig):
     num_labels: int = len(CHUNK_TAGS)
 
 
-def yang_tagger_config(**kwargs) -> TaggerConfig:
-    """Yang's tagger (section 4.1): one layer, four heads, here 64 wide with 256-wide MLP.
-
-    Args:
+# The arguments and result of the two configurations below.
+_OVERRIDES_DOC = """Args:
         **kwargs: overrides of any :class:`TaggerConfig` field.
 
     Returns:
-        TaggerConfig
+        TaggerConfig"""
+
+
+@fill_docstring(overrides=_OVERRIDES_DOC)
+def yang_tagger_config(**kwargs) -> TaggerConfig:
+    """Yang's tagger (section 4.1): one layer, four heads, here 64 wide with 256-wide MLP.
+
+    {overrides}
 
     Example::
 
@@ -66,15 +72,12 @@ def yang_tagger_config(**kwargs) -> TaggerConfig:
     return TaggerConfig(**{"num_hidden_layers": 1, "num_attention_heads": 4, "hidden_size": 64, **kwargs})
 
 
+@fill_docstring(overrides=_OVERRIDES_DOC)
 def bundled_tagger_config(**kwargs) -> TaggerConfig:
-    """The bundled chunk tagger's setting (:func:`load_chunk_tagger`): 4 layers, 4 heads, 64 wide
-    with 256-wide MLP; deep enough that per-layer methods differ from raw attention.
+    """The bundled chunk tagger's setting (:func:`load_chunk_tagger`): Yang's tagger with 4 layers
+    (4 heads, 64 wide with 256-wide MLP); deep enough that per-layer methods differ from raw attention.
 
-    Args:
-        **kwargs: overrides of any :class:`TaggerConfig` field.
-
-    Returns:
-        TaggerConfig
+    {overrides}
 
     Example::
 
@@ -82,7 +85,7 @@ def bundled_tagger_config(**kwargs) -> TaggerConfig:
         >>> config.num_hidden_layers, config.num_attention_heads, config.hidden_size
         (4, 4, 64)
     """
-    return TaggerConfig(**{"num_hidden_layers": 4, "num_attention_heads": 4, "hidden_size": 64, **kwargs})
+    return yang_tagger_config(**{"num_hidden_layers": 4, **kwargs})
 
 
 class TaggerModel(AgreementModel):
