@@ -24,6 +24,13 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from captum_attnflow.data.agreement import vocabulary
 from captum_attnflow.data.tokenizer import SPECIAL_TOKENS
+from captum_attnflow.docstrings import fill_docstring
+
+# The inputs of the models' forward (this one's and the taggers'), documented once.
+INPUTS_DOC = """input_ids: (B, n) token ids, ``[CLS]`` at position 0; or give ``inputs_embeds``.
+            attention_mask: (B, n), 1 for real tokens and 0 for (right) padding.
+            inputs_embeds: (B, n, hidden_size) token embeddings instead of ``input_ids``.
+            position_ids: (B, n) or (1, n) positions, default ``0..n-1``."""
 
 
 @strict
@@ -178,6 +185,7 @@ class AgreementModel(PreTrainedModel):
         return self.ln_f(hidden)
 
     @capture_outputs
+    @fill_docstring(inputs=INPUTS_DOC)
     def forward(
         self,
         input_ids: Tensor | None = None,
@@ -190,10 +198,7 @@ class AgreementModel(PreTrainedModel):
         """Classify the verb's number from ``[CLS] + words``.
 
         Args:
-            input_ids: (B, n) token ids, ``[CLS]`` at position 0; or give ``inputs_embeds``.
-            attention_mask: (B, n), 1 for real tokens and 0 for (right) padding.
-            inputs_embeds: (B, n, hidden_size) token embeddings instead of ``input_ids``.
-            position_ids: (B, n) or (1, n) positions, default ``0..n-1``.
+            {inputs}
             labels: (B,) 0 singular / 1 plural; the loss is their cross-entropy.
             output_attentions: return the L attention maps (B, H, n, n) (eager attention only;
                 other implementations return an empty tuple).

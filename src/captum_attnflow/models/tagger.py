@@ -23,7 +23,7 @@ from transformers.utils.output_capturing import capture_outputs
 
 from captum_attnflow.data.chunking import CHUNK_TAGS, IGNORE_INDEX
 from captum_attnflow.docstrings import fill_docstring
-from captum_attnflow.models.agreement import AgreementConfig, AgreementModel
+from captum_attnflow.models.agreement import INPUTS_DOC, AgreementConfig, AgreementModel
 from captum_attnflow.models.bundled import load_checkpoint
 
 
@@ -109,6 +109,7 @@ class TaggerModel(AgreementModel):
     base_model_prefix = "tagger"
 
     @capture_outputs
+    @fill_docstring(inputs=INPUTS_DOC)
     def forward(
         self,
         input_ids: Tensor | None = None,
@@ -121,10 +122,7 @@ class TaggerModel(AgreementModel):
         """Tag every token of ``[CLS] + words``.
 
         Args:
-            input_ids: (B, n) token ids; or give ``inputs_embeds``.
-            attention_mask: (B, n), 1 for real tokens and 0 for (right) padding.
-            inputs_embeds: (B, n, hidden_size) token embeddings instead of ``input_ids``.
-            position_ids: (B, n) or (1, n) positions, default ``0..n-1``.
+            {inputs}
             labels: (B, n) tag ids, ``-100`` where not scored ([CLS], padding); the loss is
                 their mean cross-entropy.
             output_attentions: return the L attention maps (B, H, n, n) (eager attention only).
