@@ -9,7 +9,16 @@ import torch
 import transformers
 from torch import nn
 
-from captum_attnflow import AttentionRollout, RawAttention
+from captum_attnflow import (
+    ALTI,
+    AttentionFlow,
+    AttentionNorm,
+    AttentionRollout,
+    AttnLRP,
+    GradientWeightedRollout,
+    RawAttention,
+    ValueZeroing,
+)
 from captum_attnflow.baselines import BlankOut, TokenSaliency
 from captum_attnflow.evaluate import Evaluator
 
@@ -52,6 +61,21 @@ def make_tiny_model(arch: str, attn_implementation: str | None = None, seed: int
     if attn_implementation is not None:
         config._attn_implementation = attn_implementation
     return MODEL_CLASSES[arch](config).eval()
+
+
+# Two unpadded examples of six tokens for the tiny models.
+IDS = torch.tensor([[5, 9, 13, 22, 7, 30], [6, 8, 10, 11, 12, 14]])
+
+
+def eager_attentions(arch: str, ids: torch.Tensor, **kwargs) -> tuple[torch.Tensor, ...]:
+    """The reference: what a tiny eager ``arch`` model returns for ``output_attentions=True``."""
+    model = make_tiny_model(arch, attn_implementation="eager")
+    with torch.no_grad():
+        return model(ids, output_attentions=True, **kwargs).attentions
+
+
+# Every attribution method that explains a token sequence of a Hugging Face model.
+TOKEN_METHODS = [RawAttention, AttentionRollout, AttentionFlow, GradientWeightedRollout, ALTI, AttentionNorm, ValueZeroing, AttnLRP]
 
 UNK = 3
 

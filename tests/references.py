@@ -130,6 +130,18 @@ def _finish(record, x, A, v, W_O, b_O):
     return attn_out
 
 
+def _linear_attention(record, x, a, linears, heads, allowed, zero_token):
+    """The attention of a block whose projections are ``linears`` = (query, key, value, output)
+    nn.Linear layers of H = ``heads`` heads applied to ``a`` (x itself post-LN, the normed x
+    pre-LN): softmax(q k^T / sqrt(dh)) over ``allowed`` keys, then :func:`_finish`."""
+    query, key, value, output = linears
+    q = _split_heads(_linear(a, query), heads)
+    k = _split_heads(_linear(a, key), heads)
+    v = _zero_token_value(_split_heads(_linear(a, value), heads), zero_token)
+    A = _attention_probabilities(q, k, allowed, 1.0 / math.sqrt(q.shape[-1]))
+    return _finish(record, x, A, v, _output_heads(output.weight.T, heads), output.bias)
+
+
 # --------------------------------------------------------------------------------------------
 # one layer per architecture: returns a record with the layer input x (B, n, d), the attention
 # probabilities A (B, H, n, n), value vectors v (B, H, n, dh) per query head, W_O (H, dh, d),
@@ -140,13 +152,10 @@ def _finish(record, x, A, v, W_O, b_O):
 def _bert_layer(layer, config, x, allowed, zero_token=None, layer_index=0):
     heads = config.num_attention_heads
     sa = layer.attention.self
-    q = _split_heads(_linear(x, sa.query), heads)
-    k = _split_heads(_linear(x, sa.key), heads)
-    v = _zero_token_value(_split_heads(_linear(x, sa.value), heads), zero_token)
-    A = _attention_probabilities(q, k, allowed, 1.0 / math.sqrt(q.shape[-1]))
-    dense = layer.attention.output.dense
     record = {}
-    attn_out = _finish(record, x, A, v, _output_heads(dense.weight.T, heads), dense.bias)
+    attn_out = _linear_attention(
+        record, x, x, (sa.query, sa.key, sa.value, layer.attention.output.dense), heads, allowed, zero_token
+    )
     ln1 = layer.attention.output.LayerNorm
     pre_ln1 = x + attn_out
     mid = _layer_norm(pre_ln1, ln1.weight, ln1.bias, ln1.eps)
@@ -160,12 +169,8 @@ def _bert_layer(layer, config, x, allowed, zero_token=None, layer_index=0):
 def _distilbert_layer(layer, config, x, allowed, zero_token=None, layer_index=0):
     heads = config.n_heads
     att = layer.attention
-    q = _split_heads(_linear(x, att.q_lin), heads)
-    k = _split_heads(_linear(x, att.k_lin), heads)
-    v = _zero_token_value(_split_heads(_linear(x, att.v_lin), heads), zero_token)
-    A = _attention_probabilities(q, k, allowed, 1.0 / math.sqrt(q.shape[-1]))
     record = {}
-    attn_out = _finish(record, x, A, v, _output_heads(att.out_lin.weight.T, heads), att.out_lin.bias)
+    attn_out = _linear_attention(record, x, x, (att.q_lin, att.k_lin, att.v_lin, att.out_lin), heads, allowed, zero_token)
     ln1 = layer.sa_layer_norm
     pre_ln1 = x + attn_out
     mid = _layer_norm(pre_ln1, ln1.weight, ln1.bias, ln1.eps)
@@ -227,12 +232,8 @@ def _vit_layer(layer, config, x, allowed, zero_token=None, layer_index=0):
     heads = config.num_attention_heads
     att = layer.attention
     a = _layer_norm(x, layer.layernorm_before.weight, layer.layernorm_before.bias, layer.layernorm_before.eps)
-    q = _split_heads(_linear(a, att.q_proj), heads)
-    k = _split_heads(_linear(a, att.k_proj), heads)
-    v = _zero_token_value(_split_heads(_linear(a, att.v_proj), heads), zero_token)
-    A = _attention_probabilities(q, k, allowed, 1.0 / math.sqrt(q.shape[-1]))
     record = {}
-    attn_out = _finish(record, x, A, v, _output_heads(att.o_proj.weight.T, heads), att.o_proj.bias)
+    attn_out = _linear_attention(record, x, a, (att.q_proj, att.k_proj, att.v_proj, att.o_proj), heads, allowed, zero_token)
     mid = x + attn_out
     ln2 = layer.layernorm_after
     out = mid + layer.mlp(_layer_norm(mid, ln2.weight, ln2.bias, ln2.eps))

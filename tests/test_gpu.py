@@ -18,7 +18,7 @@ from helpers import FirstTokenClassifier, make_classifier, padded_batch
 from captum_attnflow import AttentionFlow, AttentionRollout, AttnLRP, RawAttention
 from captum_attnflow.baselines import BlankOut, TokenInputXGradient, TokenIntegratedGradients, TokenSaliency
 from captum_attnflow.evaluate import aopc_comprehensiveness
-from helpers import CONFIGS, make_tiny_model
+from helpers import CONFIGS, TOKEN_METHODS, make_tiny_model
 
 pytestmark = [
     pytest.mark.gpu,
@@ -35,12 +35,14 @@ GRADIENT_METHODS = {
 }
 
 
-def on_cpu_and_gpu(model, attribute):
-    """``attribute(model, device)`` on the CPU model and on a CUDA copy; both results on the CPU."""
+def agrees_on_gpu(model, attribute, rtol=1e-4):
+    """``attribute(model, device)`` on the CPU model and on a CUDA copy agree to ``rtol`` (atol
+    1e-5) and the CUDA one comes back on CUDA; returns the CPU result."""
     on_cpu = attribute(model, torch.device("cpu"))
     on_gpu = attribute(copy.deepcopy(model).to(DEVICE), DEVICE)
     assert on_gpu.device.type == "cuda", "the attribution must come back on the inputs' device"
-    return on_cpu, on_gpu.cpu()
+    torch.testing.assert_close(on_gpu.cpu(), on_cpu, atol=1e-5, rtol=rtol)
+    return on_cpu
 
 
 @pytest.mark.parametrize("method", sorted(ATTENTION_METHODS))
@@ -55,9 +57,8 @@ def test_attention_methods_agree(arch, method, position):
         positions = position.to(device) if isinstance(position, torch.Tensor) else position
         return explainer.attribute(ids.to(device), position=positions, layer=None, attention_mask=mask.to(device))
 
-    on_cpu, on_gpu = on_cpu_and_gpu(model, attribute)
+    on_cpu = agrees_on_gpu(model, attribute)
     assert on_cpu.shape == (3, 4, 9)
-    torch.testing.assert_close(on_gpu, on_cpu, atol=1e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("method", sorted(GRADIENT_METHODS))
@@ -76,9 +77,8 @@ def test_gradient_methods_agree(method, wrapped):
             kwargs["baselines"] = 0  # the pad id: the wrapper has no config to look it up on
         return GRADIENT_METHODS[method](model).attribute(ids.to(device), **kwargs)
 
-    on_cpu, on_gpu = on_cpu_and_gpu(model, attribute)
+    on_cpu = agrees_on_gpu(model, attribute, rtol=1e-3)
     assert on_cpu.abs().sum() > 0
-    torch.testing.assert_close(on_gpu, on_cpu, atol=1e-5, rtol=1e-3)
 
 
 def test_blank_out_agrees():
@@ -88,9 +88,8 @@ def test_blank_out_agrees():
     def attribute(model, device):
         return BlankOut(model, token=3).attribute(ids.to(device), attention_mask=mask.to(device))
 
-    on_cpu, on_gpu = on_cpu_and_gpu(model, attribute)
+    on_cpu = agrees_on_gpu(model, attribute)
     assert on_cpu.abs().sum() > 0
-    torch.testing.assert_close(on_gpu, on_cpu, atol=1e-5, rtol=1e-4)
 
 
 def test_aopc_agrees():
@@ -101,8 +100,7 @@ def test_aopc_agrees():
     def attribute(model, device):
         return aopc_comprehensiveness(model, ids.to(device), scores.to(device), attention_mask=mask.to(device))
 
-    on_cpu, on_gpu = on_cpu_and_gpu(model, attribute)
-    torch.testing.assert_close(on_gpu, on_cpu, atol=1e-5, rtol=1e-4)
+    agrees_on_gpu(model, attribute)
 
 
 # A device map over two devices: the GPUs 0 and 1 (or GPU 0 twice when only one is lent), one
@@ -125,7 +123,7 @@ def two_device_map(arch: str, devices: list) -> dict:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
 def test_every_method_on_a_model_dispatched_over_two_devices(arch, dtype, tmp_path):
-    from captum_attnflow import ALTI, AttentionNorm, AttnLRP, GradientWeightedRollout, ValueZeroing
+    from captum_attnflow import GradientWeightedRollout
     from captum_attnflow.hf import input_device
 
     torch.manual_seed(0)
@@ -139,8 +137,7 @@ def test_every_method_on_a_model_dispatched_over_two_devices(arch, dtype, tmp_pa
     assert input_device(dispatched) == FIRST_GPU
     ids, mask = padded_batch(seed=5, batch=3, n=7)
     last = mask.sum(1) - 1
-    for method in (RawAttention, AttentionRollout, AttentionFlow, GradientWeightedRollout, ALTI, AttentionNorm, ValueZeroing,
-                   AttnLRP):
+    for method in TOKEN_METHODS:
         options = {"target": 7} if method in (GradientWeightedRollout, AttnLRP) else {}
         expected = method(model).attribute(ids, attention_mask=mask, position=last, layer=None, **options)
         ours = method(dispatched).attribute(

@@ -5,16 +5,9 @@ import torch
 from helpers import model_state
 from captum_attnflow import AttentionFlow
 from captum_attnflow.functional import flow
-from helpers import CAUSAL, make_tiny_model
+from helpers import CAUSAL, IDS, eager_attentions, make_tiny_model
 
-IDS = torch.tensor([[5, 9, 13, 22, 7, 30], [6, 8, 10, 11, 12, 14]])
 PAD_ID = {"bert": 0, "distilbert": 0, "roberta": 1, "gpt2": 0, "llama": 0}
-
-
-def eager_attentions(arch, ids, **kwargs):
-    model = make_tiny_model(arch, attn_implementation="eager")
-    with torch.no_grad():
-        return model(ids, output_attentions=True, **kwargs).attentions
 
 
 def test_flow_of_sdpa_model_equals_functional_flow_and_leaves_model_unchanged(arch):

@@ -16,19 +16,9 @@ import pytest
 import torch
 import transformers
 
-from captum_attnflow import (
-    ALTI,
-    AttentionFlow,
-    AttentionNorm,
-    AttentionRollout,
-    AttnLRP,
-    GradientWeightedRollout,
-    RawAttention,
-    ValueZeroing,
-)
-from helpers import CONFIGS, padded_batch
+from captum_attnflow import AttentionNorm, AttnLRP, GradientWeightedRollout
+from helpers import CONFIGS, TOKEN_METHODS, padded_batch
 
-METHODS = [RawAttention, AttentionRollout, AttentionFlow, GradientWeightedRollout, ALTI, AttentionNorm, ValueZeroing, AttnLRP]
 # Largest difference from float32, relative to the largest float32 score: over twice the measured one.
 TOLERANCES = {torch.bfloat16: 5e-2, torch.float16: 5e-3}
 
@@ -43,7 +33,7 @@ def models(request):
     return model, {dtype: copy.deepcopy(model).to(dtype) for dtype in TOLERANCES}
 
 
-@pytest.mark.parametrize("method", METHODS, ids=lambda method: method.__name__)
+@pytest.mark.parametrize("method", TOKEN_METHODS, ids=lambda method: method.__name__)
 def test_half_precision_models_give_float32_scores_near_the_float32_model(models, method):
     model, halves = models
     ids, mask = padded_batch(seed=3, batch=3, n=7)

@@ -19,18 +19,11 @@ def assert_same(first: ComparisonResult, second: ComparisonResult) -> None:
         np.testing.assert_allclose(first.scores[key], second.scores[key], equal_nan=True)
 
 
-def interrupted_after(batches, count):
-    for index, batch in enumerate(batches):
-        if index == count:
-            raise KeyboardInterrupt
-        yield batch
-
-
-def test_glob_characters_in_the_name_resume(tmp_path):
+def test_glob_characters_in_the_name_resume(tmp_path, crash):
     model, batches = make_classifier(), make_batches(3)
-    checkpoint = tmp_path / "run[1].npz"
-    with pytest.raises(KeyboardInterrupt):
-        make_evaluator(model, []).run(interrupted_after(batches, 2), checkpoint=checkpoint, save_every=10)
+    checkpoint = crash(
+        make_evaluator(model, []), batches, 2, save_every=10, error=KeyboardInterrupt, checkpoint=tmp_path / "run[1].npz"
+    )
     # Progress is saved on the interruption itself, not only every save_every batches.
     assert (tmp_path / "run[1].part0.npz").exists()
     calls: list = []

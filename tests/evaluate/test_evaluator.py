@@ -131,26 +131,12 @@ def test_without_labels_the_predicted_class_is_explained():
     assert_same_result(result, expected)
 
 
-class Interrupted(Exception):
-    pass
-
-
-def interrupted_after(batches, count):
-    yield from batches[:count]
-    raise Interrupted
-
-
-def test_an_interrupted_run_resumes_from_its_checkpoint(tmp_path):
-    model = make_classifier()
-    batches = make_batches(4)
-    checkpoint = tmp_path / "scores.npz"
-    calls = []
-    with pytest.raises(Interrupted):
-        make_evaluator(model, calls).run(interrupted_after(batches, 2), checkpoint=checkpoint, save_every=1)
+def test_an_interrupted_run_resumes_from_its_checkpoint(tmp_path, crash):
+    model, batches, calls = make_classifier(), make_batches(4), []
+    checkpoint = crash(make_evaluator(model, calls), batches, 2)
     assert calls == [4, 4]
     assert list(tmp_path.iterdir()) == [tmp_path / "scores.part0.npz"]
-    with pytest.raises(Interrupted):  # a second interruption keeps what the first one saved
-        make_evaluator(model, calls).run(interrupted_after(batches, 3), checkpoint=checkpoint, save_every=1)
+    crash(make_evaluator(model, calls), batches, 3)  # a second interruption keeps what the first one saved
     assert calls == [4, 4, 4]
     resumed = make_evaluator(model, calls).run(batches, checkpoint=checkpoint, save_every=1)
     assert calls == [4, 4, 4, 4]

@@ -79,22 +79,9 @@ def test_metrics_per_method_and_layer_equal_direct_calls():
     assert set(result.scores) == {("raw", "grad", 1), ("raw", "grad", 2), ("raw", "grad", 3), ("position", "grad", None)}
 
 
-class Interrupted(Exception):
-    pass
-
-
-def interrupted_after(batches, count):
-    yield from batches[:count]
-    raise Interrupted
-
-
-def test_an_interrupted_run_with_metrics_resumes_and_refuses_other_metric_settings(tmp_path):
-    model = make_classifier()
-    batches = make_batches(3)
-    checkpoint = tmp_path / "scores.npz"
-    calls = []
-    with pytest.raises(Interrupted):
-        evaluator(model, calls).run(interrupted_after(batches, 2), checkpoint=checkpoint, save_every=1)
+def test_an_interrupted_run_with_metrics_resumes_and_refuses_other_metric_settings(crash):
+    model, batches, calls = make_classifier(), make_batches(3), []
+    checkpoint = crash(evaluator(model, calls), batches, 2)
     assert calls == [4, 4]
     other = {**FAITHFULNESS, "log-odds": {"fractions": [0.1]}}
     with pytest.raises(ValueError, match="other methods or settings"):

@@ -94,49 +94,41 @@ def count(fraction, m):
     return math.ceil(Fraction(str(fraction)) * m)
 
 
-def hand_log_odds(model, ids, mask, scores, target, exclude, fractions, deletion):
+def per_row(reference, model, ids, mask, scores, target, exclude, *settings):
+    """A reference written for one row, run on every row of the batch: ``reference(model, row
+    ids, real positions, candidates best first, target, *settings)``, as float32 (B,)."""
     out = []
     for b in range(ids.shape[0]):
         real = [i for i in range(ids.shape[1]) if mask[b, i]]
-        ranked = ranked_candidates(scores[b], real, exclude[b])
-        full = probabilities(model, ids[b, real])[target[b]]
-        terms = [
-            math.log(deleted(model, ids[b], real, set(ranked[: count(f, len(ranked))]), deletion)[target[b]] / full)
-            for f in fractions
-        ]
-        out.append(sum(terms) / len(terms))
+        out.append(reference(model, ids[b], real, ranked_candidates(scores[b], real, exclude[b]), target[b], *settings))
     return torch.tensor(out, dtype=torch.float32)
 
 
-def hand_deletion_area(model, ids, mask, scores, target, exclude, steps, deletion):
+def hand_log_odds(model, ids, real, ranked, target, fractions, deletion):
+    full = probabilities(model, ids[real])[target]
+    terms = [math.log(deleted(model, ids, real, set(ranked[: count(f, len(ranked))]), deletion)[target] / full) for f in fractions]
+    return sum(terms) / len(terms)
+
+
+def hand_deletion_area(model, ids, real, ranked, target, steps, deletion):
     """Both curves from 0 to 100% deleted, the trapezoid rule over the whole [0, 1]."""
-    out = []
-    for b in range(ids.shape[0]):
-        real = [i for i in range(ids.shape[1]) if mask[b, i]]
-        ranked = ranked_candidates(scores[b], real, exclude[b])
-        m = len(ranked)
-        morf, lerf = [], []
-        for j in range(steps + 1):
-            k = count(Fraction(j, steps), m)
-            top, bottom = set(ranked[:k]), set(ranked[m - k:]) if k else set()
-            most, least = deleted(model, ids[b], real, top, deletion), deleted(model, ids[b], real, bottom, deletion)
-            if most is None:  # nothing left: both curves at the same point
-                most = least = torch.zeros(3, dtype=torch.float64)
-            morf.append(most[target[b]].item())
-            lerf.append(least[target[b]].item())
-        out.append(np.trapezoid(np.array(lerf) - np.array(morf), dx=1 / steps))
-    return torch.tensor(out, dtype=torch.float32)
+    m = len(ranked)
+    morf, lerf = [], []
+    for j in range(steps + 1):
+        k = count(Fraction(j, steps), m)
+        top, bottom = set(ranked[:k]), set(ranked[m - k:]) if k else set()
+        most, least = deleted(model, ids, real, top, deletion), deleted(model, ids, real, bottom, deletion)
+        if most is None:  # nothing left: both curves at the same point
+            most = least = torch.zeros(3, dtype=torch.float64)
+        morf.append(most[target].item())
+        lerf.append(least[target].item())
+    return np.trapezoid(np.array(lerf) - np.array(morf), dx=1 / steps)
 
 
-def hand_comprehensiveness(model, ids, mask, scores, target, exclude, fractions, deletion):
-    out = []
-    for b in range(ids.shape[0]):
-        real = [i for i in range(ids.shape[1]) if mask[b, i]]
-        ranked = ranked_candidates(scores[b], real, exclude[b])
-        full = probabilities(model, ids[b, real])[target[b]]
-        drops = [full - deleted(model, ids[b], real, set(ranked[: count(f, len(ranked))]), deletion)[target[b]] for f in fractions]
-        out.append(sum(drops) / len(drops))
-    return torch.tensor(out, dtype=torch.float32)
+def hand_comprehensiveness(model, ids, real, ranked, target, fractions, deletion):
+    full = probabilities(model, ids[real])[target]
+    drops = [full - deleted(model, ids, real, set(ranked[: count(f, len(ranked))]), deletion)[target] for f in fractions]
+    return sum(drops) / len(drops)
 
 
 def random_case(seed):
@@ -154,7 +146,7 @@ def test_log_odds_equals_its_definition(deletion):
     model, ids, mask, scores, target, exclude = random_case(seed=1)
     fractions = (0.1, 0.28, 0.5)
     ours = log_odds(model, ids, scores, target=target, attention_mask=mask, exclude=exclude, fractions=fractions, deletion=deletion)
-    expected = hand_log_odds(model, ids, mask, scores, target, exclude, fractions, deletion)
+    expected = per_row(hand_log_odds, model, ids, mask, scores, target, exclude, fractions, deletion)
     torch.testing.assert_close(ours, expected, atol=1e-4, rtol=0)
 
 
@@ -164,7 +156,7 @@ def test_deletion_area_equals_the_trapezoid_between_the_whole_curves(deletion, w
     model, ids, mask, scores, target, exclude = random_case(seed=2)
     exclude = exclude if with_exclude else torch.zeros_like(exclude)
     ours = deletion_area(model, ids, scores, target=target, attention_mask=mask, exclude=exclude, steps=7, deletion=deletion)
-    expected = hand_deletion_area(model, ids, mask, scores, target, exclude, 7, deletion)
+    expected = per_row(hand_deletion_area, model, ids, mask, scores, target, exclude, 7, deletion)
     torch.testing.assert_close(ours, expected, atol=1e-5, rtol=0)
 
 
@@ -173,7 +165,7 @@ def test_comprehensiveness_by_replacement_equals_its_definition():
     fractions = (0.1, 0.3, 1.0)
     ours = aopc_comprehensiveness(model, ids, scores, target=target, attention_mask=mask, exclude=exclude,
                                   fractions=fractions, deletion=4)
-    expected = hand_comprehensiveness(model, ids, mask, scores, target, exclude, fractions, 4)
+    expected = per_row(hand_comprehensiveness, model, ids, mask, scores, target, exclude, fractions, 4)
     torch.testing.assert_close(ours, expected, atol=1e-5, rtol=0)
 
 

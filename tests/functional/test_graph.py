@@ -30,6 +30,15 @@ def reference_graph(attentions, alpha, fusion, mask):
     return torch.from_numpy(graph).float()
 
 
+# The graph's options and the data's seed, drawn alike by every property test of the graph.
+GRAPH_OPTIONS = dict(
+    alpha=st.sampled_from([0.0, 0.3, 0.5, 1.0]),
+    fusion=st.sampled_from(["mean", "max", "min"]),
+    padded=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+
+
 def right_padding_mask(batch, n, generator):
     """(B, n) long mask of random lengths 1..n, padding on the right."""
     lengths = torch.randint(1, n + 1, (batch,), generator=generator)
@@ -82,10 +91,7 @@ def test_attention_graph_removes_padding_by_hand(differentiable):
     batch=st.integers(1, 3),
     heads=st.integers(1, 4),
     n=st.integers(1, 9),
-    alpha=st.sampled_from([0.0, 0.3, 0.5, 1.0]),
-    fusion=st.sampled_from(["mean", "max", "min"]),
-    padded=st.booleans(),
-    seed=st.integers(0, 2**16),
+    **GRAPH_OPTIONS,
 )
 def test_attention_graph_matches_numpy_reference(layers, batch, heads, n, alpha, fusion, padded, seed):
     attentions = softmax_attentions(layers, batch, heads, n, n, seed=seed)
@@ -108,10 +114,7 @@ def test_attention_graph_matches_numpy_reference(layers, batch, heads, n, alpha,
     batch=st.integers(1, 3),
     n=st.integers(1, 8),
     count=st.integers(1, 4),
-    alpha=st.sampled_from([0.0, 0.3, 0.5, 1.0]),
-    fusion=st.sampled_from(["mean", "max", "min"]),
-    padded=st.booleans(),
-    seed=st.integers(0, 2**16),
+    **GRAPH_OPTIONS,
 )
 def test_streamed_graph_layers_and_rows_match_numpy_reference(batch, n, count, alpha, fusion, padded, seed):
     attentions = softmax_attentions(2, batch, 3, n, n, seed=seed)
@@ -182,11 +185,8 @@ def test_attention_graph_rejects_bad_arguments():
     n=st.integers(1, 8),
     count=st.integers(1, 3),
     block=st.integers(1, 8),
-    alpha=st.sampled_from([0.0, 0.3, 0.5, 1.0]),
-    fusion=st.sampled_from(["mean", "max", "min"]),
-    padded=st.booleans(),
     causal=st.booleans(),
-    seed=st.integers(0, 2**16),
+    **GRAPH_OPTIONS,
 )
 def test_propagate_block_by_block_equals_the_explicit_product(
     batch, n, count, block, alpha, fusion, padded, causal, seed

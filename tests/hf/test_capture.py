@@ -6,21 +6,13 @@ from torch import nn
 
 from helpers import FirstTokenClassifier, model_state
 from captum_attnflow import eager_attention, extract_attentions
-from helpers import make_tiny_model
-
-IDS = torch.tensor([[5, 9, 13, 22, 7, 30], [6, 8, 10, 11, 12, 14]])
+from helpers import IDS, eager_attentions, make_tiny_model
 
 
 def full_state(model):
     """model_state plus what extraction touches besides: output_attentions of every config."""
     configs = [getattr(m, "config", None) for m in model.modules()]
     return model_state(model), [c.output_attentions for c in configs if c is not None]
-
-
-def eager_attentions(arch, ids, **kwargs):
-    model = make_tiny_model(arch, attn_implementation="eager")
-    with torch.no_grad():
-        return model(ids, output_attentions=True, **kwargs).attentions
 
 
 def test_sdpa_model_gives_the_eager_models_attentions_and_is_left_unchanged(arch):

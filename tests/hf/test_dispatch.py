@@ -15,28 +15,17 @@ import pytest
 import torch
 import transformers
 
-from captum_attnflow import (
-    ALTI,
-    AttentionFlow,
-    AttentionNorm,
-    AttentionRollout,
-    AttnLRP,
-    GradientWeightedRollout,
-    LLMAttentionAttribution,
-    RawAttention,
-    ValueZeroing,
-)
+from captum_attnflow import ALTI, AttentionNorm, AttnLRP, GradientWeightedRollout, LLMAttentionAttribution, ValueZeroing
 from captum_attnflow.evaluate import Evaluator
 from captum_attnflow.hf import input_device
 from captum_attnflow.hf.dispatch import onloaded
 from captum_attnflow.methods import EXTRA_METHODS
 from captum_attnflow.methods import METHODS as METHOD_REGISTRY
 from captum_attnflow.models.language_model import build_lm_tokenizer
-from helpers import CONFIGS, padded_batch
+from helpers import CONFIGS, TOKEN_METHODS, padded_batch
 
 accelerate = pytest.importorskip("accelerate")
 
-METHODS = [RawAttention, AttentionRollout, AttentionFlow, GradientWeightedRollout, ALTI, AttentionNorm, ValueZeroing, AttnLRP]
 EXPLAINING_A_SCORE = (GradientWeightedRollout, AttnLRP)
 # Modules of each model and where the device map puts them: the first modules of GPT-2 (its
 # position embedding) and Llama (its token embedding) on disk, so the inputs meet an offloaded module first.
@@ -105,7 +94,7 @@ def test_every_method_gives_the_single_device_result(models, side):
     if side == "left":
         ids, mask = left_padded(ids, mask)
         last = torch.full_like(last, ids.shape[1] - 1)
-    for method in METHODS:
+    for method in TOKEN_METHODS:
         options = {"target": 7, "position": last} if method in EXPLAINING_A_SCORE else {"position": last}
         expected = method(model).attribute(ids, attention_mask=mask, layer=None, **options)
         # CPU offload: the methods that read weights, and one reading gradients

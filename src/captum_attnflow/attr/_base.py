@@ -10,7 +10,7 @@ from tqdm.auto import tqdm
 
 from captum_attnflow.docstrings import fill_docstring
 from captum_attnflow.functional import AttentionGraph
-from captum_attnflow.functional.checks import POSITION_DOC, as_mask
+from captum_attnflow.functional.checks import POSITION_DOC, as_mask, default_position, positions
 from captum_attnflow.hf import as_tuple, capture_graph, check_token_ids, lift_mask, unpack_inputs, warn_unmasked_padding
 
 _CONSTRUCTOR_DOC = """Args:
@@ -103,6 +103,22 @@ class AttentionAttribution(Attribution):
                 f"({batch}, H, {n}, {n}) tensor per layer, row = query, as transformers returns for output_attentions=True."
             )
         return graph, inputs
+
+
+def explained_positions(position: Any, mask: Tensor, causal: Callable[[], bool]) -> tuple[Tensor, bool]:
+    """``(indices (B, S), has_axis)`` of the explained ``position`` (see
+    :func:`captum_attnflow.functional.checks.positions`); None picks each example's default,
+    its last real token where ``causal()`` says attention is causal, else 0 (the CLS token).
+    ``causal`` is called only for ``position=None``: it may cost a pass over the attention."""
+    if position is None:
+        position = default_position(mask, causal())
+    return positions(position, mask)
+
+
+def as_returned(rows: Tensor, has_axis: bool, inputs: Tensor) -> Tensor:
+    """Rows (..., B, S, n) as ``attribute`` returns them: without the S axis when the caller gave
+    one position per example (``has_axis`` False), on the inputs' device."""
+    return (rows if has_axis else rows.squeeze(-2)).to(inputs.device)
 
 
 _INPUTS_DOC = """

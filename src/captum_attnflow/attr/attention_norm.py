@@ -6,12 +6,13 @@ from typing import Any
 
 from torch import Tensor
 
-from captum_attnflow.attr._base import AttentionAttribution, progress_bar, with_internals_args
+from captum_attnflow.attr._base import with_internals_args
+from captum_attnflow.attr._decomposition import LayerMapsAttribution
 from captum_attnflow.functional.checks import as_mask, matrix_rows
 from captum_attnflow.hf.decomposition import attention_norm_maps
 
 
-class AttentionNorm(AttentionAttribution):
+class AttentionNorm(LayerMapsAttribution):
     """Norm-based attention weights (Kobayashi et al. 2020): what token j adds to token i's
     attention output, measured by its length rather than by the attention weight alone,
 
@@ -25,9 +26,6 @@ class AttentionNorm(AttentionAttribution):
     Args:
         forward_func: a Hugging Face model of a supported type, or a module containing one.
     """
-
-    def __init__(self, forward_func: Any) -> None:
-        super().__init__(forward_func)
 
     @with_internals_args()
     def attribute(
@@ -53,8 +51,8 @@ class AttentionNorm(AttentionAttribution):
             >>> AttentionNorm(model).attribute(ids, layer=None).shape  # [CLS] in every layer
             torch.Size([6, 1, 6])
         """
-        inputs, args, attention_mask, _ = self._checked_inputs(inputs, additional_forward_args, attention_mask)
-        with progress_bar(show_progress, inputs, "AttentionNorm", "layer") as bar:
-            maps = attention_norm_maps(self.forward_func, inputs, args, attention_mask, progress=bar.update)
+        maps, inputs, attention_mask = self._layer_maps(
+            attention_norm_maps, inputs, additional_forward_args, attention_mask, show_progress
+        )
         mask = as_mask(attention_mask, maps.shape[1], maps.shape[2], maps.device)
         return matrix_rows(maps, position, layer, mask).to(inputs.device)

@@ -8,10 +8,16 @@ import torch
 from captum.attr import GradientAttribution
 from torch import Tensor
 
-from captum_attnflow.attr._base import _PROGRESS_DOC, AttentionAttribution, progress_bar
+from captum_attnflow.attr._base import (
+    _PROGRESS_DOC,
+    AttentionAttribution,
+    as_returned,
+    explained_positions,
+    progress_bar,
+)
 from captum_attnflow.attr.gradient_rollout import _TARGET_DOC
 from captum_attnflow.docstrings import fill_docstring
-from captum_attnflow.functional.checks import POSITION_DOC, as_mask, default_position, positions
+from captum_attnflow.functional.checks import POSITION_DOC, as_mask
 from captum_attnflow.hf import attnlrp_forward, output_scores, target_scores
 
 _ARGS_DOC = """
@@ -121,9 +127,7 @@ class AttnLRP(AttentionAttribution, GradientAttribution):
         run = attnlrp_forward(self.forward_func, inputs, args, attention_mask)
         batch, n = run.tokens.shape[:2]
         mask = as_mask(attention_mask, batch, n, run.tokens.device)
-        if position is None:
-            position = default_position(mask, run.causal)
-        sources, has_axis = positions(position, mask)
+        sources, has_axis = explained_positions(position, mask, lambda: run.causal)
         # A language model's positions each explain their own logit (one backward each); a
         # classifier's score is the same for all.
         count = sources.shape[1] if output_scores(run.output).dim() == 3 else 1
@@ -136,4 +140,4 @@ class AttnLRP(AttentionAttribution, GradientAttribution):
                     bar.update()
         result = torch.stack(rows, 1).expand(batch, sources.shape[1], n) * mask[:, None]
         result = result.to(torch.promote_types(result.dtype, torch.float32))
-        return (result if has_axis else result[:, 0]).to(inputs.device)
+        return as_returned(result, has_axis, inputs)

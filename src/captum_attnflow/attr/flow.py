@@ -6,9 +6,14 @@ from typing import Any
 
 from torch import Tensor
 
-from captum_attnflow.attr._base import AttentionAttribution, with_attribute_args, with_constructor_args
+from captum_attnflow.attr._base import (
+    AttentionAttribution,
+    as_returned,
+    explained_positions,
+    with_attribute_args,
+    with_constructor_args,
+)
 from captum_attnflow.functional import flow
-from captum_attnflow.functional.checks import default_position, positions
 
 
 @with_constructor_args
@@ -65,8 +70,6 @@ class AttentionFlow(AttentionAttribution):
             True
         """
         graph, inputs = self._graph(inputs, additional_forward_args, attention_mask, residual_alpha, head_fusion, head is not None)
-        if position is None:
-            position = default_position(graph.mask, graph.is_causal)
-        sources, has_axis = positions(position, graph.mask)
+        sources, has_axis = explained_positions(position, graph.mask, lambda: graph.is_causal)
         scores = flow(graph, layer, sources, normalize=normalize, show_progress=show_progress, head=head)
-        return (scores if has_axis else scores.squeeze(-2)).to(inputs.device)
+        return as_returned(scores, has_axis, inputs)

@@ -8,8 +8,14 @@ import torch
 from captum.attr import GradientAttribution
 from torch import Tensor
 
-from captum_attnflow.attr._base import AttentionAttribution, progress_bar, with_internals_args
-from captum_attnflow.functional.checks import as_mask, default_position, layer_indices, positions
+from captum_attnflow.attr._base import (
+    AttentionAttribution,
+    as_returned,
+    explained_positions,
+    progress_bar,
+    with_internals_args,
+)
+from captum_attnflow.functional.checks import as_mask, layer_indices
 from captum_attnflow.functional.gradient_rollout import (
     co_attention_relevance,
     encoder_decoder_relevance,
@@ -127,7 +133,7 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
             result, sources, has_axis = compute(inputs, target, args, position, layer, attention_mask, contrast, show_progress)
         if remove_identity:
             result = _without_identity(result, sources)
-        return (result if has_axis else result.squeeze(-2)).to(inputs.device)
+        return as_returned(result, has_axis, inputs)
 
     def _stored(
         self, inputs: Tensor, target: Any, args: tuple, position: Any, layer: int | None, attention_mask: Tensor | None,
@@ -141,10 +147,9 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         batch, _, n, _ = probabilities[0].shape
         # The maths runs on the inputs' device, where the layers of a dispatched model come together.
         mask = as_mask(attention_mask, batch, n, inputs.device)
-        if position is None:
-            causal = all(not bool(p.detach().triu(1).any()) for p in probabilities)
-            position = default_position(mask, causal)
-        sources, has_axis = positions(position, mask)
+        sources, has_axis = explained_positions(
+            position, mask, lambda: all(not bool(p.detach().triu(1).any()) for p in probabilities)
+        )
         scores = target_scores(internals.output, target, internals.run_positions(sources), contrast)
         attentions = [_in_order(internals, p.detach().to(inputs.device)) for p in probabilities]
         # A language model's positions each predict their own token: one gradient per position,
@@ -186,9 +191,7 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         batch, n = calls[0].query.shape[0], calls[0].query.shape[2]
         device = inputs.device  # where the layers of a dispatched model come together
         mask = as_mask(attention_mask, batch, n, device)
-        if position is None:
-            position = default_position(mask, capture.causal)
-        sources, has_axis = positions(position, mask)
+        sources, has_axis = explained_positions(position, mask, lambda: capture.causal)
         run_sources = sources if capture.order is None else in_run_order(sources, capture.order.to(device))
         run_mask = as_mask(capture.mask, batch, n, device)
         scores = target_scores(capture.output, target, run_sources, contrast)

@@ -8,6 +8,7 @@ returns. The model runs in eval mode for the call, alone, and is restored afterw
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Callable
 
 from captum.attr import GradientAttribution, LayerGradientXActivation
@@ -23,6 +24,27 @@ def reduce_embedding_scores(scores: Tensor, mask: Tensor, reduce: str) -> Tensor
         raise ValueError(f"expected (B, n, d) embedding scores from the embedding layer, got {tuple(scores.shape)}.")
     tokens = scores.float().norm(dim=-1) if check_reduce(reduce) == "norm" else scores.float().sum(dim=-1)
     return tokens * mask
+
+
+def run_captum(
+    scores: ScoreForward,
+    captum_method: Callable[[Callable[..., Tensor]], Any],
+    inputs: Tensor,
+    extra_args: tuple,
+    target: Any,
+    contrast: Any,
+    /,
+    **attribute_args: Any,
+) -> Any:
+    """Captum's ``captum_method(forward).attribute(inputs, target=..., additional_forward_args=...,
+    **attribute_args)`` on the scores of a baseline: the model in eval mode and alone for the call
+    (restored afterwards), ``target`` None taken as each example's predicted class, and
+    ``forward`` returning the target's score minus ``contrast``'s when one is given.
+    ``inputs`` and ``extra_args`` are what :meth:`ScoreForward.prepare` returned."""
+    with model_call(scores.forward_func):
+        target = scores.target(inputs, extra_args, target)
+        forward, extra_args = scores.contrastive(inputs, extra_args, contrast)
+        return captum_method(forward).attribute(inputs, target=target, additional_forward_args=extra_args, **attribute_args)
 
 
 def check_reduce(reduce: str) -> str:
@@ -75,18 +97,15 @@ class EmbeddingGradientAttribution(GradientAttribution):
         target: Any,
         additional_forward_args: Any,
         attention_mask: Tensor | None,
-        multiply_by_inputs: bool,
-        contrast: Any = None,
+        contrast: Any,
     ) -> Tensor:
         """(B, n) token scores from Captum's ``LayerGradientXActivation`` on the embedding layer:
-        the plain gradient :math:`\\partial f_t / \\partial e_i` (``multiply_by_inputs=False``)
-        or :math:`e_i \\odot \\partial f_t / \\partial e_i` (True), reduced per token."""
+        the plain gradient :math:`\\partial f_t / \\partial e_i` where the class does not
+        multiply by inputs (:attr:`multiplies_by_inputs` False), else
+        :math:`e_i \\odot \\partial f_t / \\partial e_i`, reduced per token."""
         inputs, mask, extra_args = self.scores.prepare(inputs, attention_mask, additional_forward_args)
-        with model_call(self.scores.forward_func):
-            target = self.scores.target(inputs, extra_args, target)
-            forward, extra_args = self.scores.contrastive(inputs, extra_args, contrast)
-            method = LayerGradientXActivation(forward, self.embedding_layer, multiply_by_inputs=multiply_by_inputs)
-            gradients = method.attribute(inputs, target=target, additional_forward_args=extra_args)
+        method = partial(LayerGradientXActivation, layer=self.embedding_layer, multiply_by_inputs=self.multiplies_by_inputs)
+        gradients = run_captum(self.scores, method, inputs, extra_args, target, contrast)
         return self._tokens(gradients, mask, inputs)
 
 

@@ -8,8 +8,8 @@ import torch
 from captum.attr import FeatureAblation, PerturbationAttribution
 from torch import Tensor
 
-from captum_attnflow.baselines._common import with_token_args
-from captum_attnflow.hf import ScoreForward, model_call, token_id
+from captum_attnflow.baselines._common import run_captum, with_token_args
+from captum_attnflow.hf import ScoreForward, token_id
 
 
 class BlankOut(PerturbationAttribution):
@@ -83,16 +83,9 @@ class BlankOut(PerturbationAttribution):
         # Padding is "blanked" by its own id, which leaves the input unchanged: a drop of 0.
         blanks = torch.where(mask, torch.full_like(inputs, self.token_id), inputs)
         positions = torch.arange(inputs.shape[1], device=inputs.device)[None]
-        with torch.no_grad(), model_call(self.scores.forward_func):
-            target = self.scores.target(inputs, extra_args, target)
-            forward, extra_args = self.scores.contrastive(inputs, extra_args, contrast)
-            drops = FeatureAblation(forward).attribute(
-                inputs,
-                baselines=blanks,
-                target=target,
-                additional_forward_args=extra_args,
-                feature_mask=positions,
-                perturbations_per_eval=perturbations_per_eval,
-                show_progress=show_progress,
+        with torch.no_grad():
+            drops = run_captum(
+                self.scores, FeatureAblation, inputs, extra_args, target, contrast, baselines=blanks,
+                feature_mask=positions, perturbations_per_eval=perturbations_per_eval, show_progress=show_progress,
             )
         return (drops.float() * mask).to(inputs.device)

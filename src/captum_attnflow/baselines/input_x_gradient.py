@@ -58,6 +58,4 @@ class TokenInputXGradient(EmbeddingGradientAttribution):
             >>> scores.shape, scores[1, 3].item()  # padding gets 0
             (torch.Size([2, 4]), 0.0)
         """
-        return self._embedding_gradients(
-            inputs, target, additional_forward_args, attention_mask, contrast=contrast, multiply_by_inputs=True
-        )
+        return self._embedding_gradients(inputs, target, additional_forward_args, attention_mask, contrast)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Callable
 
 import torch
@@ -10,10 +11,11 @@ from torch import Tensor, nn
 
 from captum_attnflow.baselines._common import (
     EmbeddingGradientAttribution,
+    run_captum,
     with_embedding_constructor_args,
     with_token_args,
 )
-from captum_attnflow.hf import model_call, token_id
+from captum_attnflow.hf import token_id
 
 
 @with_embedding_constructor_args
@@ -103,19 +105,11 @@ class TokenIntegratedGradients(EmbeddingGradientAttribution):
             reference = baselines.to(inputs.device, inputs.dtype)
         else:
             reference = torch.where(mask, token_id(self.scores.forward_func, baselines, self.tokenizer, argument="baselines"), inputs)
-        with model_call(self.scores.forward_func):
-            target = self.scores.target(inputs, extra_args, target)
-            forward, extra_args = self.scores.contrastive(inputs, extra_args, contrast)
-            integrated = LayerIntegratedGradients(forward, self.embedding_layer).attribute(
-                inputs,
-                baselines=reference,
-                target=target,
-                additional_forward_args=extra_args,
-                n_steps=n_steps,
-                method=method,
-                internal_batch_size=internal_batch_size,
-                return_convergence_delta=return_convergence_delta,
-            )
+        integrated = run_captum(
+            self.scores, partial(LayerIntegratedGradients, layer=self.embedding_layer), inputs, extra_args, target,
+            contrast, baselines=reference, n_steps=n_steps, method=method, internal_batch_size=internal_batch_size,
+            return_convergence_delta=return_convergence_delta,
+        )
         if return_convergence_delta:
             integrated, delta = integrated
             return self._tokens(integrated, mask, inputs), delta

@@ -57,6 +57,4 @@ class TokenSaliency(EmbeddingGradientAttribution):
             >>> scores.shape, bool((scores > 0).all())
             (torch.Size([1, 6]), True)
         """
-        return self._embedding_gradients(
-            inputs, target, additional_forward_args, attention_mask, contrast=contrast, multiply_by_inputs=False
-        )
+        return self._embedding_gradients(inputs, target, additional_forward_args, attention_mask, contrast)

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from captum_attnflow.hf import ScoreForward, check_token_ids, target_indices, token_id
+from captum_attnflow.hf import ScoreForward, check_token_ids, model_call, target_indices, token_id
 from captum_attnflow.hf.scores import check_softmax_applies
 
 # The deletion settings a metric accepts: remove and close the gap, or replace by a token.
@@ -76,10 +76,19 @@ def shared_forward_passes() -> Iterator[None]:
         _SHARED.reset(token)
 
 
+@contextmanager
+def deleting(forward_func: Callable[..., Any], *arguments: Any) -> Iterator[TokenDeletion]:
+    """The :class:`TokenDeletion` of ``forward_func`` and the other arguments of its constructor,
+    built and scored inside the block without gradients and on ``model_call(forward_func)``
+    (the model alone, in eval mode, restored afterwards)."""
+    with torch.no_grad(), model_call(forward_func):
+        yield TokenDeletion(forward_func, *arguments)
+
+
 class TokenDeletion:
     """The checked inputs of one metric call and the model's score of the target on them, with
-    any set of candidate tokens deleted. Build it inside ``torch.no_grad()`` and
-    ``model_call(forward_func)``: it runs the model for a target of None."""
+    any set of candidate tokens deleted. Build it with :func:`deleting`: it runs the model for a
+    target of None."""
 
     def __init__(
         self,

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-import torch
 from torch import Tensor
 
 from captum_attnflow.docstrings import fill_docstring
-from captum_attnflow.evaluate._deletion import DELETION_ARGS_DOC, DELETION_NOTES_DOC, TokenDeletion, check_fractions
-from captum_attnflow.hf import model_call
+from captum_attnflow.evaluate._deletion import DELETION_ARGS_DOC, DELETION_NOTES_DOC, check_fractions, deleting
 
 ERASER_FRACTIONS = (0.01, 0.05, 0.1, 0.2, 0.5)
 
@@ -113,14 +111,11 @@ def _aopc(
     fractions, pad_token_id, softmax, deletion, tokenizer, keep_top,
 ) -> Tensor:
     fractions = check_fractions(fractions)
-    with torch.no_grad(), model_call(forward_func):
-        tokens = TokenDeletion(
-            forward_func, inputs, attributions, target, additional_forward_args, attention_mask, exclude,
-            deletion, tokenizer, pad_token_id, softmax,
-        )
+    with deleting(
+        forward_func, inputs, attributions, target, additional_forward_args, attention_mask, exclude,
+        deletion, tokenizer, pad_token_id, softmax,
+    ) as tokens:
         full = tokens.score()
-        total = torch.zeros_like(full)
-        for fraction in fractions:
-            top = tokens.top(fraction)
-            total += full - tokens.score(tokens.candidates & ~top if keep_top else top)
+        # Sufficiency deletes every candidate but the top ones, comprehensiveness the top ones.
+        total = sum(full - tokens.score(tokens.candidates & ~top if keep_top else top) for top in map(tokens.top, fractions))
     return total / len(fractions)

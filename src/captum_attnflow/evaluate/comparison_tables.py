@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from captum_attnflow.evaluate.panels import panel_axes
+from captum_attnflow.evaluate.panels import draw_method, label_panel, method_rows, panel_axes
+from captum_attnflow.evaluate.tables import layer_column, layer_columns, layer_row, markdown_table, undefined_counts
 
 if TYPE_CHECKING:
     from captum_attnflow.evaluate.results import Beside, ComparisonResult
@@ -22,34 +23,25 @@ def comparison_markdown(
     blocks = []
     for reference in result.references:
         rows = [row for row in result.summary() if row["reference"] == reference]
-        layers = sorted({row["layer"] for row in rows if row["layer"] is not None})
-        columns = [f"L{layer}" for layer in layers] + (["score"] if any(r["layer"] is None for r in rows) else [])
-        lines = [
-            f"Spearman correlation with {reference} ({len(result)} examples, mean ± std)",
-            "",
-            "| method | " + " | ".join(columns) + " |",
-            "|---|" + "---|" * len(columns),
-        ]
+        columns = layer_columns(rows)
+        table = []
         for method in dict.fromkeys(row["method"] for row in rows):
             mine = [row for row in rows if row["method"] == method]
-            cells = {_column(row["layer"]): f"{row['mean']:.{digits}f} ± {row['std']:.{digits}f}" for row in mine}
+            cells = {layer_column(row["layer"]): f"{row['mean']:.{digits}f} ± {row['std']:.{digits}f}" for row in mine}
             published = {
-                _column(row["layer"]): "{:.{d}f} ± {:.{d}f}".format(*beside[key], d=digits)
+                layer_column(row["layer"]): "{:.{d}f} ± {:.{d}f}".format(*beside[key], d=digits)
                 for row in mine
                 if beside and (key := (method, reference, row["layer"])) in beside
             }
-            label = f"{method} ({names[0]})" if published else method
-            lines.append(f"| {label} | " + " | ".join(cells.get(column, "") for column in columns) + " |")
+            table.append(layer_row(f"{method} ({names[0]})" if published else method, cells, columns))
             if published:
-                lines.append(
-                    f"| {method} ({names[1]}) | " + " | ".join(published.get(column, "") for column in columns) + " |"
-                )
-        undefined: dict = {}
-        for row in rows:
-            if row["nan_count"]:
-                undefined[row["method"]] = max(undefined.get(row["method"], 0), row["nan_count"])
-        if undefined:
-            worst = ", ".join(f"{method}: {count}" for method, count in undefined.items())
+                table.append(layer_row(f"{method} ({names[1]})", published, columns))
+        lines = [
+            f"Spearman correlation with {reference} ({len(result)} examples, mean ± std)",
+            "",
+            *markdown_table(["method", *columns], table),
+        ]
+        if worst := undefined_counts(rows):
             lines += [
                 "",
                 "Left out as undefined (constant scores, < 2 tokens or NaN; examples, most in any layer): " + worst,
@@ -80,30 +72,14 @@ def plot_comparison(
     figure, axes = panel_axes(ax, len(references), "reference")
     for axes_, reference in zip(axes, references):
         rows = [row for row in result.summary() if row["reference"] == reference]
-        for index, method in enumerate(dict.fromkeys(row["method"] for row in rows)):
-            color = f"C{index}"
-            mine = sorted((r for r in rows if r["method"] == method), key=lambda r: r["layer"] or 0)
-            mean = np.array([r["mean"] for r in mine])
-            std = np.array([r["std"] for r in mine])
-            if mine[0]["layer"] is None:
-                axes_.axhline(mean[0], linestyle="--", color=color, label=method)
-                axes_.axhspan(mean[0] - std[0], mean[0] + std[0], color=color, alpha=0.1)
-            else:
-                layers = np.array([r["layer"] for r in mine])
-                published = [beside.get((method, reference, layer)) for layer in layers] if beside else []
-                label = f"{method} ({names[0]})" if any(published) else method
-                axes_.plot(layers, mean, marker="o", color=color, label=label)
-                axes_.fill_between(layers, mean - std, mean + std, color=color, alpha=0.2)
-                if any(published):
-                    drawn = [(layer, value[0]) for layer, value in zip(layers, published) if value]
-                    axes_.plot(*zip(*drawn), linestyle=":", marker="x", color=color, label=f"{method} ({names[1]})")
-                axes_.set_xticks(layers, [f"L{layer}" for layer in layers])
-        axes_.set_xlabel("layer")
-        axes_.set_ylabel(f"Spearman with {reference}")
-        axes_.set_title(reference)
-        axes_.legend()
+        for color, method, mine in method_rows(rows):
+            mean, std = (np.array([row[name] for row in mine]) for name in ("mean", "std"))
+            layered = mine[0]["layer"] is not None
+            published = [beside.get((method, reference, row["layer"])) for row in mine] if beside and layered else []
+            draw_method(axes_, mine, mean, mean - std, mean + std, color, f"{method} ({names[0]})" if any(published) else method)
+            if any(published):
+                drawn = [(row["layer"], value[0]) for row, value in zip(mine, published) if value]
+                axes_.plot(*zip(*drawn), linestyle=":", marker="x", color=color, label=f"{method} ({names[1]})")
+        label_panel(axes_, f"Spearman with {reference}", reference)
     return figure
 
-
-def _column(layer: int | None) -> str:
-    return "score" if layer is None else f"L{layer}"

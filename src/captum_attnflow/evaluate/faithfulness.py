@@ -9,8 +9,7 @@ import torch
 from torch import Tensor
 
 from captum_attnflow.docstrings import fill_docstring
-from captum_attnflow.evaluate._deletion import DELETION_ARGS_DOC, DELETION_NOTES_DOC, TokenDeletion, check_fractions
-from captum_attnflow.hf import model_call
+from captum_attnflow.evaluate._deletion import DELETION_ARGS_DOC, DELETION_NOTES_DOC, check_fractions, deleting
 
 LOG_ODDS_FRACTIONS = (0.2,)
 
@@ -52,26 +51,26 @@ def log_odds(
 
         >>> from captum_attnflow import load_agreement_model
         >>> from captum_attnflow.baselines import BlankOut
-        >>> from captum_attnflow.evaluate import log_odds
+        >>> from captum_attnflow.evaluate import aopc_comprehensiveness, log_odds
         >>> model, tokenizer = load_agreement_model()
-        >>> ids = tokenizer(["the keys to the cabinet"], return_tensors="pt")["input_ids"]
+        >>> batch = tokenizer(["the keys to the cabinet"], return_special_tokens_mask=True, return_tensors="pt")
+        >>> ids, special = batch["input_ids"], batch["special_tokens_mask"].bool()  # [CLS]: never deleted
         >>> drops = BlankOut(model, tokenizer=tokenizer).attribute(ids)
-        >>> cls = ids == tokenizer.cls_token_id
-        >>> best = log_odds(model, ids, drops, exclude=cls, deletion=tokenizer.unk_token_id)
-        >>> worst = log_odds(model, ids, -drops, exclude=cls, deletion=tokenizer.unk_token_id)
+        >>> best = log_odds(model, ids, drops, exclude=special, deletion="unk", tokenizer=tokenizer)  # [UNK] in their place
+        >>> worst = log_odds(model, ids, -drops, exclude=special, deletion="unk", tokenizer=tokenizer)
         >>> bool(best < worst)
+        True
+        >>> drop = aopc_comprehensiveness(model, ids, drops, exclude=special, fractions=[0.2], deletion="unk", tokenizer=tokenizer)
+        >>> bool((best < 0) == (drop > 0))  # the same deletion, as a log-ratio instead of a difference
         True
     """
     fractions = check_fractions(fractions)
-    with torch.no_grad(), model_call(forward_func):
-        tokens = TokenDeletion(
-            forward_func, inputs, attributions, target, additional_forward_args, attention_mask, exclude,
-            deletion, tokenizer, pad_token_id, softmax,
-        )
+    with deleting(
+        forward_func, inputs, attributions, target, additional_forward_args, attention_mask, exclude,
+        deletion, tokenizer, pad_token_id, softmax,
+    ) as tokens:
         full = tokens.score(log=True)
-        total = torch.zeros_like(full)
-        for fraction in fractions:
-            total += tokens.score(tokens.top(fraction), log=True) - full
+        total = sum(tokens.score(tokens.top(fraction), log=True) - full for fraction in fractions)
     return total / len(fractions)
 
 
@@ -116,25 +115,26 @@ def deletion_area(
 {notes}
     Example::
 
+        >>> import torch
         >>> from captum_attnflow import load_agreement_model
         >>> from captum_attnflow.baselines import BlankOut
         >>> from captum_attnflow.evaluate import deletion_area
         >>> model, tokenizer = load_agreement_model()
-        >>> ids = tokenizer(["the keys to the cabinet near the door"], return_tensors="pt")["input_ids"]
-        >>> drops = BlankOut(model, tokenizer=tokenizer).attribute(ids)
+        >>> batch = tokenizer(["the keys to the cabinet near the door", "the key to the doors"], padding=True, return_tensors="pt")
+        >>> ids, mask = batch["input_ids"], batch["attention_mask"]
+        >>> drops = BlankOut(model, tokenizer=tokenizer).attribute(ids, attention_mask=mask)
         >>> cls = ids == tokenizer.cls_token_id
-        >>> area = deletion_area(model, ids, drops, exclude=cls)
-        >>> reversed_area = deletion_area(model, ids, -drops, exclude=cls)
-        >>> bool(area > 0), torch.allclose(area, -reversed_area)  # the reverse ranking swaps the curves
+        >>> area = deletion_area(model, ids, drops, attention_mask=mask, exclude=cls)
+        >>> reversed_area = deletion_area(model, ids, -drops, attention_mask=mask, exclude=cls)
+        >>> bool((area > 0).all()), torch.allclose(area, -reversed_area)  # the reverse ranking swaps the curves
         (True, True)
     """
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
         raise ValueError(f"steps must be an int >= 2, got {steps!r}.")
-    with torch.no_grad(), model_call(forward_func):
-        tokens = TokenDeletion(
-            forward_func, inputs, attributions, target, additional_forward_args, attention_mask, exclude,
-            deletion, tokenizer, pad_token_id, softmax,
-        )
+    with deleting(
+        forward_func, inputs, attributions, target, additional_forward_args, attention_mask, exclude,
+        deletion, tokenizer, pad_token_id, softmax,
+    ) as tokens:
         total = torch.zeros(tokens.inputs.shape[0], device=tokens.inputs.device)
         for step in range(1, steps):
             top = tokens.top(step / steps)

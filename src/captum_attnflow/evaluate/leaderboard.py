@@ -10,8 +10,9 @@ from typing import Any, Mapping
 import numpy as np
 
 from captum_attnflow.evaluate.metrics import higher_is_better as metric_direction
-from captum_attnflow.evaluate.panels import panel_axes
+from captum_attnflow.evaluate.panels import draw_method, label_panel, method_rows, panel_axes
 from captum_attnflow.evaluate.statistics import N_RESAMPLES, Ranking, format_interval, rank_methods
+from captum_attnflow.evaluate.tables import layer_column, layer_columns, layer_row, markdown_table, undefined_counts
 
 Key = tuple  # (method, metric, layer): layer 1..L, or None for a method without layers
 
@@ -131,35 +132,30 @@ class Leaderboard:
         for metric in self.metrics:
             ranking = self.ranking(metric)
             rows = [row for row in self.summary() if row["metric"] == metric]
-            columns = _columns(rows)
+            columns = layer_columns(rows)
             direction = "higher" if self.higher_is_better[metric] else "lower"
             count = max(row["count"] + row["nan_count"] for row in rows)
-            lines = [
-                f"{metric} ({direction} is better; {count} examples, mean [{self.confidence:.0%} CI], #rank)",
-                "",
-                "| method | " + " | ".join(columns) + " |",
-                "|---|" + "---|" * len(columns),
-            ]
             order = ranking.by_rank()
             methods = sorted(dict.fromkeys(row["method"] for row in rows), key=lambda method: min(
                 order.index(_entry(method, row["layer"])) for row in rows if row["method"] == method))
+            table = []
             for method in methods:
                 cells = {
-                    _column(row["layer"]): format_interval(ranking.intervals[_entry(method, row["layer"])], digits) + f" #{row['rank']}"
+                    layer_column(row["layer"]): format_interval(ranking.intervals[_entry(method, row["layer"])], digits) + f" #{row['rank']}"
                     for row in rows if row["method"] == method
                 }
-                lines.append(f"| {method} | " + " | ".join(cells.get(column, "") for column in columns) + " |")
+                table.append(layer_row(method, cells, columns))
             best = ranking.names[0]
-            lines += [
+            lines = [
+                f"{metric} ({direction} is better; {count} examples, mean [{self.confidence:.0%} CI], #rank)",
+                "",
+                *markdown_table(["method", *columns], table),
                 "",
                 f"Best: {best}; not significantly different from it (Wilcoxon signed-rank, Holm-adjusted, "
                 f"alpha = {self.alpha:g}): " + (", ".join(ranking.not_different(best)) or "none"),
             ]
-            undefined = {row["method"]: row["nan_count"] for row in rows if row["nan_count"]}
-            if undefined:
-                lines.append("Undefined, left out (examples, most in any layer): " + ", ".join(
-                    f"{method}: {max(r['nan_count'] for r in rows if r['method'] == method)}" for method in undefined
-                ))
+            if undefined := undefined_counts(rows):
+                lines.append("Undefined, left out (examples, most in any layer): " + undefined)
             blocks.append("\n".join(lines))
         return "\n\n".join(blocks)
 
@@ -267,34 +263,13 @@ class Leaderboard:
         figure, axes = panel_axes(ax, len(metrics), "metric")
         rows = self.summary()
         for axes_, metric in zip(axes, metrics):
-            mine = [row for row in rows if row["metric"] == metric]
-            for index, method in enumerate(dict.fromkeys(row["method"] for row in mine)):
-                color = f"C{index}"
-                points = sorted((row for row in mine if row["method"] == method), key=lambda row: row["layer"] or 0)
+            for color, method, points in method_rows(row for row in rows if row["metric"] == metric):
                 mean, low, high = (np.array([row[name] for row in points]) for name in ("mean", "low", "high"))
-                if points[0]["layer"] is None:
-                    axes_.axhline(mean[0], linestyle="--", color=color, label=method)
-                    axes_.axhspan(low[0], high[0], color=color, alpha=0.1)
-                else:
-                    layers = np.array([row["layer"] for row in points])
-                    axes_.plot(layers, mean, marker="o", color=color, label=method)
-                    axes_.fill_between(layers, low, high, color=color, alpha=0.2)
-                    axes_.set_xticks(layers, [f"L{layer}" for layer in layers])
-            axes_.set_xlabel("layer")
-            axes_.set_ylabel(f"{metric} ({'higher' if self.higher_is_better[metric] else 'lower'} is better)")
-            axes_.set_title(metric)
-            axes_.legend()
+                draw_method(axes_, points, mean, low, high, color, method)
+            label_panel(axes_, f"{metric} ({'higher' if self.higher_is_better[metric] else 'lower'} is better)", metric)
         return figure
 
 
 def _entry(method: str, layer: int | None) -> str:
     return method if layer is None else f"{method} L{layer}"
 
-
-def _column(layer: int | None) -> str:
-    return "score" if layer is None else f"L{layer}"
-
-
-def _columns(rows: list[dict]) -> list[str]:
-    layers = sorted({row["layer"] for row in rows if row["layer"] is not None})
-    return [f"L{layer}" for layer in layers] + (["score"] if any(row["layer"] is None for row in rows) else [])

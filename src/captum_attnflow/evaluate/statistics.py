@@ -9,6 +9,8 @@ from typing import Any, Mapping, NamedTuple
 
 import numpy as np
 
+from captum_attnflow.evaluate.tables import markdown_table
+
 N_RESAMPLES = 9999
 
 
@@ -193,15 +195,14 @@ class Ranking:
             f"Ranked by mean ({direction} is better); rank = 1 + methods significantly better "
             f"(Wilcoxon signed-rank, Holm-adjusted, alpha = {self.alpha:g})",
             "",
-            "| rank | method | mean [CI] | examples | not significantly different from |",
-            "|---|---|---|---|---|",
         ]
-        for row in self.rows():
-            cell = format_interval(Interval(row["mean"], row["low"], row["high"], row["count"]), digits)
-            lines.append(
-                f"| {row['rank']} | {row['name']} | {cell} | {row['count']} | {', '.join(row['not_different'])} |"
-            )
-        return "\n".join(lines)
+        table = [
+            [row["rank"], row["name"], format_interval(Interval(row["mean"], row["low"], row["high"], row["count"]), digits),
+             row["count"], ", ".join(row["not_different"])]
+            for row in self.rows()
+        ]
+        header = ["rank", "method", "mean [CI]", "examples", "not significantly different from"]
+        return "\n".join(lines + markdown_table(header, table))
 
 
 def rank_methods(

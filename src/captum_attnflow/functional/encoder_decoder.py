@@ -101,10 +101,10 @@ def encoder_decoder_rollout(
         (torch.Size([1, 3, 8]), True)
     """
     graph = _JointGraph(
-        encoder_attentions, decoder_attentions, cross_attentions, residual_alpha, head_fusion,
+        encoder_attentions, decoder_attentions, cross_attentions, layer, residual_alpha, head_fusion,
         attention_mask, decoder_attention_mask,
     )
-    layers = layer_indices(layer, graph.decoder.shape[0])
+    layers = graph.layers
     encoder = rollout(graph.encoder_layers, residual_alpha, head_fusion, graph.source_mask)[-1]
     batch, m, n = graph.cross.shape[1:]
     targets = torch.diag_embed(graph.target_mask.float())  # T_0 = I on real positions
@@ -158,12 +158,11 @@ def encoder_decoder_raw_attention(
         (True, 0.0)
     """
     graph = _JointGraph(
-        encoder_attentions, decoder_attentions, cross_attentions, residual_alpha, head_fusion,
+        encoder_attentions, decoder_attentions, cross_attentions, layer, residual_alpha, head_fusion,
         attention_mask, decoder_attention_mask,
     )
-    layers = layer_indices(layer, graph.decoder.shape[0])
     scores = torch.cat(
-        [residual_alpha * graph.cross[layers], (1 - residual_alpha) * graph.decoder[layers]], -1
+        [residual_alpha * graph.cross[graph.layers], (1 - residual_alpha) * graph.decoder[graph.layers]], -1
     )
     return scores[0] if layer is not None else scores
 
@@ -215,11 +214,11 @@ def encoder_decoder_flow(
         torch.Size([1, 2, 8])
     """
     graph = _JointGraph(
-        encoder_attentions, decoder_attentions, cross_attentions, residual_alpha, head_fusion,
+        encoder_attentions, decoder_attentions, cross_attentions, layer, residual_alpha, head_fusion,
         attention_mask, decoder_attention_mask,
     )
-    num_layers, batch, m, n = graph.cross.shape
-    layers = layer_indices(layer, num_layers)
+    layers = graph.layers
+    _, batch, m, n = graph.cross.shape
     if sources is None:
         positions = list(range(m))
     else:
@@ -306,7 +305,8 @@ class _JointGraph:
     ``encoder_layers``: the encoder's L_e attentions as given; ``decoder`` (L_d, B, m, m): the
     residual-mixed self-attention :math:`A_l`; ``cross`` (L_d, B, m, n_s): the head-fused
     cross-attention rows, renormalised over real source tokens; ``source_mask`` (B, n_s),
-    ``target_mask`` (B, m), ``source_keep`` (B, n_s, n_s) bool.
+    ``target_mask`` (B, m), ``source_keep`` (B, n_s, n_s) bool; ``layers``: the asked decoder
+    ``layer`` as 0-based indices.
     """
 
     def __init__(
@@ -314,6 +314,7 @@ class _JointGraph:
         encoder_attentions: Attentions,
         decoder_attentions: Attentions,
         cross_attentions: Sequence[Tensor] | Tensor,
+        layer: int | None,
         residual_alpha: float,
         head_fusion: str,
         attention_mask: Tensor | None,
@@ -351,3 +352,4 @@ class _JointGraph:
             cross.append(fused / torch.where(sums > 0, sums, torch.ones_like(sums)))
         self.decoder = torch.stack(decoder)
         self.cross = torch.stack(cross)
+        self.layers = layer_indices(layer, len(decoder_layers))

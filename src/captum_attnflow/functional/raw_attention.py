@@ -6,17 +6,9 @@ import torch
 from torch import Tensor
 
 from captum_attnflow.docstrings import fill_docstring
-from captum_attnflow.functional.checks import (
-    POSITION_DOC,
-    Attentions,
-    default_position,
-    head_indices,
-    layer_indices,
-    positions,
-    shape_result,
-)
-from captum_attnflow.functional.graph import AttentionGraph, as_graph
-from captum_attnflow.functional.rollout import HEAD_DOC
+from captum_attnflow.functional.checks import POSITION_DOC, Attentions, head_indices, shape_result
+from captum_attnflow.functional.graph import AttentionGraph
+from captum_attnflow.functional.rollout import HEAD_DOC, explained_rows
 
 
 @fill_docstring(position=POSITION_DOC, head=HEAD_DOC)
@@ -67,11 +59,9 @@ def raw_attention(
         >>> torch.allclose(weights, attentions[0, :, :, 0].mean(1))  # the head mean of row 0
         True
     """
-    graph = as_graph(attentions, residual_alpha, head_fusion, attention_mask, keep_heads=head is not None)
-    if position is None:
-        position = default_position(graph.mask, graph.is_causal)
-    sources, has_axis = positions(position, graph.mask)
-    layers = layer_indices(layer, graph.num_layers)
+    graph, sources, has_axis, layers = explained_rows(
+        attentions, position, layer, residual_alpha, head_fusion, attention_mask, head
+    )
     if head is None:
         scores = torch.stack([graph.rows(index, sources) for index in graph.walk(layers, "raw attention", show_progress)])  # (layers, B, S, n)
     else:

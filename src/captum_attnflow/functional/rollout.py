@@ -134,11 +134,9 @@ def rollout_rows(
         >>> rollout_rows(attentions, position=[0, 4]).shape  # two positions in each example
         torch.Size([2, 2, 5])
     """
-    graph = as_graph(attentions, residual_alpha, head_fusion, attention_mask, keep_heads=head is not None)
-    if position is None:
-        position = default_position(graph.mask, graph.is_causal)
-    sources, has_axis = positions(position, graph.mask)
-    layers = layer_indices(layer, graph.num_layers)
+    graph, sources, has_axis, layers = explained_rows(
+        attentions, position, layer, residual_alpha, head_fusion, attention_mask, head
+    )
     if head is not None:
         scores = _head_rows(graph, sources, layers, head_indices(head, graph.heads.shape[2]))
     elif graph.is_streamed or graph.weights.device.type != "cpu" or graph.weights.requires_grad:
@@ -146,6 +144,26 @@ def rollout_rows(
     else:
         scores = torch.from_numpy(_rows_compiled(graph.weights.numpy(), sources.numpy(), layers, bool(show_progress)))
     return shape_result(scores, layer, has_axis, head)
+
+
+def explained_rows(
+    attentions: Attentions | AttentionGraph,
+    position: int | list[int] | Tensor | None,
+    layer: int | None,
+    residual_alpha: float,
+    head_fusion: str,
+    attention_mask: Tensor | None,
+    head: int | str | None,
+) -> tuple[AttentionGraph, Tensor, bool, list[int]]:
+    """The checked request of :func:`rollout_rows` and :func:`~captum_attnflow.functional.raw_attention`:
+    ``(graph, sources (B, S), has_position_axis, layers)``, the graph keeping its heads when
+    ``head`` is given, ``position`` None taken as each example's default (see :func:`rollout_rows`),
+    ``layers`` 0-based."""
+    graph = as_graph(attentions, residual_alpha, head_fusion, attention_mask, keep_heads=head is not None)
+    if position is None:
+        position = default_position(graph.mask, graph.is_causal)
+    sources, has_axis = positions(position, graph.mask)
+    return graph, sources, has_axis, layer_indices(layer, graph.num_layers)
 
 
 def _fused_rollout(graph: Tensor) -> Tensor:

@@ -22,22 +22,20 @@ It applies to the model types whose attention scores are exactly :math:`q k^\\to
 
 from __future__ import annotations
 
-import threading
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from torch import Tensor, nn
-from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.masking_utils import sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from captum_attnflow.hf.internals import prepared_call
-from captum_attnflow.hf.lean import LEAN_MODEL_TYPES, _scratch_size, attends_causally, fused_blocks
+from captum_attnflow.hf.lean import LEAN_MODEL_TYPES, _scratch_size, attends_causally, fused_blocks, scale_and_causality
 from captum_attnflow.hf.models import hf_models
-from captum_attnflow.hf.state import implementation, unchanged, uses_substituted_attention
+from captum_attnflow.hf.state import implementation, register_attention, unchanged, uses_substituted_attention
 
 # Model types whose attention scores are q k^T s plus the mask transformers builds (tested
 # against the eager probabilities): those of the lean rollout, and the encoder-decoders whose
@@ -45,7 +43,6 @@ from captum_attnflow.hf.state import implementation, unchanged, uses_substituted
 GRADIENT_MODEL_TYPES = LEAN_MODEL_TYPES | {"bart", "mbart", "marian", "captum_attnflow_tagger"}
 
 _NAME = "captum_attnflow_gradients"
-_REGISTERED = threading.Lock()
 _CAPTURES: "weakref.WeakKeyDictionary[nn.Module, AttentionGradients]" = weakref.WeakKeyDictionary()
 
 
@@ -158,20 +155,10 @@ def _gradient_attention(
         # Frozen parameters: the graph from the attention to the output must still exist.
         query = query.detach().requires_grad_()
     output = function(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)[0]
-    causal = attention_mask is None and query.shape[2] > 1 and kwargs.get("is_causal", getattr(module, "is_causal", True))
-    scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+    scale, causal = scale_and_causality(module, query, attention_mask, scaling, kwargs)
     mask = None if attention_mask is None else attention_mask.detach()
-    capture.calls.append(
-        AttentionCall(query.detach(), key.detach(), value.detach(), mask, scale, bool(causal), output, module)
-    )
+    capture.calls.append(AttentionCall(query.detach(), key.detach(), value.detach(), mask, scale, causal, output, module))
     return output, None
-
-
-def _register() -> None:
-    with _REGISTERED:
-        if _NAME not in ALL_ATTENTION_FUNCTIONS:
-            AttentionInterface.register(_NAME, _gradient_attention)
-            AttentionMaskInterface.register(_NAME, sdpa_mask)  # the masks sdpa gets: bool, or None to skip
 
 
 def capture_attention_gradients(
@@ -193,7 +180,7 @@ def capture_attention_gradients(
     """
     module, call, order, mask = prepared_call(forward_func, inputs, additional_forward_args, attention_mask)
     capture = AttentionGradients(order=order, mask=mask, device=inputs.device)
-    _register()
+    register_attention(_NAME, _gradient_attention, sdpa_mask)  # the masks sdpa gets: bool, or None to skip
     with unchanged(module):
         functions = {
             id(m): ALL_ATTENTION_FUNCTIONS.get(m.config._attn_implementation, sdpa_attention_forward)

@@ -104,19 +104,7 @@ def alti_maps(
     """ALTI's contributions of every layer, (L, B, n, n) in the inputs' token order
     (:func:`~captum_attnflow.functional.decomposition.alti_contributions`); ``progress(1)`` is
     called after each layer."""
-    architecture, blocks, mask, internals = _blocks(forward_func, inputs, additional_forward_args, attention_mask, "ALTI")
-    maps = []
-    with torch.no_grad():
-        for block in blocks:
-            weights = _weights(forward_func, architecture, block.module)
-            contributions = decomposition.alti_contributions(
-                block.probabilities, block.values, block.inputs, weights.output_weight, weights.output_bias, block.mask,
-                weights.norm,
-            )
-            maps.append(contributions.to(mask.device))
-            if progress is not None:
-                progress(1)
-    return internals.in_inputs_order(torch.stack(maps))
+    return _layer_maps(forward_func, inputs, additional_forward_args, attention_mask, progress, "ALTI", _alti_map)
 
 
 def attention_norm_maps(
@@ -129,17 +117,7 @@ def attention_norm_maps(
     """Kobayashi et al.'s :math:`\\lVert \\sum_h \\alpha^h_{ij} f^h(x_j) \\rVert` of every layer, (L, B, n, n)
     in the inputs' token order (:func:`~captum_attnflow.functional.decomposition.attention_norms`);
     ``progress(1)`` is called after each layer."""
-    architecture, blocks, mask, internals = _blocks(
-        forward_func, inputs, additional_forward_args, attention_mask, "AttentionNorm"
-    )
-    maps = []
-    with torch.no_grad():
-        for block in blocks:
-            weight = _weights(forward_func, architecture, block.module).output_weight
-            maps.append(decomposition.attention_norms(block.probabilities, block.values, weight, block.mask).to(mask.device))
-            if progress is not None:
-                progress(1)
-    return internals.in_inputs_order(torch.stack(maps))
+    return _layer_maps(forward_func, inputs, additional_forward_args, attention_mask, progress, "AttentionNorm", _norm_map)
 
 
 def value_zeroing_maps(
@@ -159,27 +137,55 @@ def value_zeroing_maps(
     the block (output projection, residual, norms, feed-forward) runs again, for n variants of n
     tokens, in chunks. ``progress(k)`` is called after each layer.
     """
-    architecture, blocks, mask, internals = _blocks(
-        forward_func, inputs, additional_forward_args, attention_mask, "ValueZeroing"
+    return _layer_maps(
+        forward_func, inputs, additional_forward_args, attention_mask, progress, "ValueZeroing", _zeroing_map
     )
+
+
+def _layer_maps(
+    forward_func: Callable[..., Any],
+    inputs: Tensor,
+    additional_forward_args: Any,
+    attention_mask: Tensor | None,
+    progress: Callable[[int], None] | None,
+    method: str,
+    block_map: Callable[[Architecture, _Block, _Weights], Tensor],
+) -> Tensor:
+    """(L, B, n, n): ``block_map(architecture, block, weights)`` (B, n, n) of every block, without
+    gradients, stacked on the inputs' device in the inputs' token order; ``progress(1)`` after
+    each block."""
+    architecture, blocks, mask, internals = _blocks(forward_func, inputs, additional_forward_args, attention_mask, method)
     maps = []
     with torch.no_grad():
         for block in blocks:
-            weight = _weights(forward_func, architecture, block.module).output_weight
-            maps.append(_zeroing_map(architecture, block, weight).to(mask.device))
+            weights = _weights(forward_func, architecture, block.module)
+            maps.append(block_map(architecture, block, weights).to(mask.device))
             if progress is not None:
                 progress(1)
     return internals.in_inputs_order(torch.stack(maps))
 
 
-def _zeroing_map(architecture: Architecture, block: _Block, output_weight: Tensor) -> Tensor:
-    """(B, n, n) value zeroing of one block, rows normalised; ``output_weight`` (H d, D) its :math:`W_O`."""
+def _alti_map(architecture: Architecture, block: _Block, weights: _Weights) -> Tensor:
+    """(B, n, n) ALTI contributions of one block."""
+    return decomposition.alti_contributions(
+        block.probabilities, block.values, block.inputs, weights.output_weight, weights.output_bias, block.mask,
+        weights.norm,
+    )
+
+
+def _norm_map(architecture: Architecture, block: _Block, weights: _Weights) -> Tensor:
+    """(B, n, n) norms of the weighted, projected value vectors of one block."""
+    return decomposition.attention_norms(block.probabilities, block.values, weights.output_weight, block.mask)
+
+
+def _zeroing_map(architecture: Architecture, block: _Block, weights: _Weights) -> Tensor:
+    """(B, n, n) value zeroing of one block, rows normalised."""
     projection = architecture.output_projection(block.module)
     batch, heads, n, size = block.values.shape
     context = (block.probabilities.to(block.values.dtype) @ block.values).transpose(1, 2).reshape(batch, n, heads * size)
     attention_outputs = projection(context)
     outputs = architecture.after_attention(block.module, block.inputs, attention_outputs)
-    projected = decomposition.projected_values(block.values, output_weight)
+    projected = decomposition.projected_values(block.values, weights.output_weight)
     chunk = max(1, _VARIANT_NUMBERS // (4 * batch * n * block.inputs.shape[-1]))
     distances = []
     for start in range(0, n, chunk):

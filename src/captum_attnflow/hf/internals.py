@@ -16,24 +16,21 @@ from __future__ import annotations
 
 import contextlib
 import sys
-import threading
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import torch
 from torch import Tensor, nn
-from transformers import AttentionInterface, PreTrainedModel
-from transformers.masking_utils import AttentionMaskInterface, eager_mask
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers import PreTrainedModel
+from transformers.masking_utils import eager_mask
 
 from captum_attnflow.hf.capture import in_run_order, maps_in_order, real_tokens_first_call
 from captum_attnflow.hf.inputs import as_tuple, check_mask_not_in_args, mask_keyword
 from captum_attnflow.hf.models import check_device, owning_module
-from captum_attnflow.hf.state import implementation, unchanged
+from captum_attnflow.hf.state import implementation, register_attention, unchanged
 
 _NAME = "captum_attnflow_internals"
-_REGISTERED = threading.Lock()
 _CAPTURES: "weakref.WeakKeyDictionary[nn.Module, Internals]" = weakref.WeakKeyDictionary()
 
 
@@ -101,13 +98,6 @@ def _internals_attention(
     return output, probabilities
 
 
-def _register() -> None:
-    with _REGISTERED:
-        if _NAME not in ALL_ATTENTION_FUNCTIONS:
-            AttentionInterface.register(_NAME, _internals_attention)
-            AttentionMaskInterface.register(_NAME, eager_mask)  # the additive masks eager attention gets
-
-
 def capture_internals(
     forward_func: Callable[..., Any],
     inputs: Tensor,
@@ -139,7 +129,7 @@ def capture_internals(
     """
     module, call, order, _ = prepared_call(forward_func, inputs, additional_forward_args, attention_mask)
     internals = Internals(order=order)
-    _register()
+    register_attention(_NAME, _internals_attention, eager_mask)  # the additive masks eager attention gets
     with unchanged(module), _recording(module, internals, blocks or []), implementation(module, _NAME):
         with torch.set_grad_enabled(gradients):
             internals.output = call()

@@ -35,14 +35,14 @@ from typing import Any, Iterator
 
 import torch
 from torch import Tensor, nn
-from transformers import AttentionInterface, PreTrainedModel
+from transformers import PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.masking_utils import sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from captum_attnflow.functional.mixing import fuse_heads
 from captum_attnflow.hf.models import hf_models
-from captum_attnflow.hf.state import exclusive, implementation, uses_substituted_attention
+from captum_attnflow.hf.state import exclusive, implementation, register_attention, uses_substituted_attention
 
 LEAN_MODEL_TYPES = frozenset(
     {"bert", "roberta", "xlm-roberta", "distilbert", "gpt2", "llama", "mistral", "qwen2", "vit", "deit",
@@ -142,7 +142,6 @@ def attends_causally(queries: int, mask: Tensor | None, causal: bool) -> bool:
 
 
 _CAPTURES: "weakref.WeakKeyDictionary[nn.Module, LeanCapture]" = weakref.WeakKeyDictionary()
-_REGISTERED = threading.Lock()
 
 
 def _lean_attention(
@@ -157,10 +156,19 @@ def _lean_attention(
 ) -> tuple[Tensor, None]:
     capture = _CAPTURES[module]
     output = capture.output_function(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
-    causal = attention_mask is None and query.shape[2] > 1 and kwargs.get("is_causal", getattr(module, "is_causal", True))
-    scale = query.shape[-1] ** -0.5 if scaling is None else scaling
-    capture.add(query, key, attention_mask, scale, bool(causal))
+    capture.add(query, key, attention_mask, *scale_and_causality(module, query, attention_mask, scaling, kwargs))
     return output[0], None
+
+
+def scale_and_causality(
+    module: nn.Module, query: Tensor, attention_mask: Tensor | None, scaling: float | None, kwargs: dict[str, Any]
+) -> tuple[float, bool]:
+    """What an attention-function call (queries (B, H, n, d)) implies for its scores
+    :math:`q k^\\top s + M`: the scaling :math:`s` (:math:`d^{-1/2}` where the model passes
+    None, as sdpa takes it) and whether a call without a mask is causal (several query rows and
+    ``is_causal``, the call's or else the module's, as sdpa reads it)."""
+    causal = attention_mask is None and query.shape[2] > 1 and kwargs.get("is_causal", getattr(module, "is_causal", True))
+    return query.shape[-1] ** -0.5 if scaling is None else scaling, bool(causal)
 
 
 def fused_rows(
@@ -312,13 +320,6 @@ def _softmax_fused(
     return fuse_heads(probabilities, head_fusion, out=out)
 
 
-def _register() -> None:
-    with _REGISTERED:
-        if _NAME not in ALL_ATTENTION_FUNCTIONS:
-            AttentionInterface.register(_NAME, _lean_attention)
-            AttentionMaskInterface.register(_NAME, sdpa_mask)  # the masks sdpa gets: bool, or None to skip
-
-
 @contextlib.contextmanager
 def lean_capture(
     model: PreTrainedModel, head_fusion: str = "mean", device: torch.device | None = None
@@ -331,7 +332,7 @@ def lean_capture(
     implementation (every config and sub-config) is switched for the block and restored exactly
     afterwards, also when the call raises; the model is locked against other threads for the block.
     """
-    _register()
+    register_attention(_NAME, _lean_attention, sdpa_mask)  # the masks sdpa gets: bool, or None to skip
     with exclusive(model):
         capture = LeanCapture(model.config.num_hidden_layers, head_fusion, model.config._attn_implementation, device)
         modules = list(model.modules())

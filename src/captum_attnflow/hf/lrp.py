@@ -32,16 +32,15 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import torch
 import transformers.activations
 from torch import Tensor, nn
-from transformers import AttentionInterface, PreTrainedModel
+from transformers import PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.masking_utils import sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from captum_attnflow.hf.architectures import RMS_NORMS, Architecture, architecture_of
@@ -51,10 +50,9 @@ from captum_attnflow.hf.inputs import as_tuple, check_mask_not_in_args, mask_key
 from captum_attnflow.hf.lean import attends_causally
 from captum_attnflow.hf.models import check_device, main_model, owning_module
 from captum_attnflow.hf.scores import input_embeddings
-from captum_attnflow.hf.state import implementation, unchanged
+from captum_attnflow.hf.state import implementation, register_attention, unchanged
 
 _NAME = "captum_attnflow_attnlrp"
-_REGISTERED = threading.Lock()
 
 # Element-wise activations of torch (transformers' own are every module of transformers.activations).
 _TORCH_ACTIVATIONS = (
@@ -141,13 +139,6 @@ def _attnlrp_attention(
         run.causal = query.shape[-2] > 1 and attends_causally(query.shape[-2], attention_mask, bool(causal))
     query, key, value = _GradientScale.apply(query, 0.25), _GradientScale.apply(key, 0.25), _GradientScale.apply(value, 0.5)
     return run.attention(module, query, key, value, attention_mask, **kwargs)[0], None
-
-
-def _register() -> None:
-    with _REGISTERED:
-        if _NAME not in ALL_ATTENTION_FUNCTIONS:
-            AttentionInterface.register(_NAME, _attnlrp_attention)
-            AttentionMaskInterface.register(_NAME, sdpa_mask)  # the masks sdpa gets: bool, or None to skip
 
 
 class _NormRule(torch.autograd.Function):
@@ -327,7 +318,7 @@ def attnlrp_forward(
     else:
         kwargs = mask_keyword(forward_func, args, attention_mask)
     run.attention = ALL_ATTENTION_FUNCTIONS.get(model.config._attn_implementation, sdpa_attention_forward)
-    _register()
+    register_attention(_NAME, _attnlrp_attention, sdpa_mask)  # the masks sdpa gets: bool, or None to skip
     with unchanged(module), _rules(model, architecture, blocks, run), implementation(module, _NAME):
         with torch.enable_grad():
             run.output = forward_func(inputs, *args, **kwargs)

@@ -66,11 +66,7 @@ def seq2seq_attentions(
         >>> model.config._attn_implementation  # the model is left as it was
         'sdpa'
     """
-    if not getattr(getattr(model, "config", None), "is_encoder_decoder", False):
-        raise ValueError(
-            f"{type(model).__name__} is not an encoder-decoder model (config.is_encoder_decoder is not True); "
-            "pass e.g. a T5ForConditionalGeneration or BartForConditionalGeneration."
-        )
+    _check_encoder_decoder(model)
     call = _Seq2SeqCall(model)
     encoder = extract_attentions(
         call, input_ids, (attention_mask, decoder_input_ids, decoder_attention_mask), attention_mask
@@ -85,6 +81,14 @@ def seq2seq_attentions(
         decoder=tuple(a.detach() for a in output.decoder_attentions),
         cross=tuple(a.detach() for a in output.cross_attentions),
     )
+
+
+def _check_encoder_decoder(model: nn.Module) -> None:
+    if not getattr(getattr(model, "config", None), "is_encoder_decoder", False):
+        raise ValueError(
+            f"{type(model).__name__} is not an encoder-decoder model (config.is_encoder_decoder is not True); "
+            "pass e.g. a T5ForConditionalGeneration or BartForConditionalGeneration."
+        )
 
 
 class _Seq2SeqCall(nn.Module):
@@ -128,8 +132,7 @@ def seq2seq_gradient_internals(
         ``(internals, kinds)``: ``internals.output.logits`` (B, m, V) and one kind per entry of
         ``internals.probabilities``.
     """
-    if not getattr(getattr(model, "config", None), "is_encoder_decoder", False):
-        raise ValueError(f"{type(model).__name__} is not an encoder-decoder model (config.is_encoder_decoder is not True).")
+    _check_encoder_decoder(model)
     internals = capture_internals(
         model, input_ids, (attention_mask, decoder_input_ids, decoder_attention_mask), gradients=True
     )

@@ -13,9 +13,12 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from torch import nn
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from captum_attnflow.hf.dispatch import offloading_kept
 from captum_attnflow.hf.models import configs, hf_models, owning_module
@@ -67,6 +70,18 @@ def uses_substituted_attention(module: nn.Module) -> bool:
     """Whether a Hugging Face model inside ``module`` runs an attention of :data:`SUBSTITUTED_ATTENTION`."""
     found = configs(hf_models(module)).values()
     return any(config._attn_implementation_internal in SUBSTITUTED_ATTENTION for config in found)
+
+
+_REGISTERED = threading.Lock()
+
+
+def register_attention(name: str, function: Callable[..., Any], mask_function: Callable[..., Any]) -> None:
+    """Register ``function`` under ``name`` with transformers' attention-function interface, and
+    ``mask_function`` to build its masks, once per process (the first of concurrent callers)."""
+    with _REGISTERED:
+        if name not in ALL_ATTENTION_FUNCTIONS:
+            AttentionInterface.register(name, function)
+            AttentionMaskInterface.register(name, mask_function)
 
 
 @contextlib.contextmanager
