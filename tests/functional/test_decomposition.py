@@ -7,6 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from captum_attnflow.functional import decomposition
 from captum_attnflow.functional.decomposition import (
     alti_contributions,
     attention_norms,
@@ -83,25 +84,53 @@ def test_alti_matches_explicit_loops_pre_and_post_norm_on_both_code_paths():
         assert torch.allclose(plain.detach(), compiled, atol=2e-6)
 
 
+def _distance_loops(probabilities, projected, inputs, outputs, scale):
+    """(B, n, n) float64 :math:`\\lVert y_i - T_i(x_j) \\rVert_1` per (i, j), +inf where i != j and
+    no head attends; ``scale`` (B, n, D) is the linearised LayerNorm's, or None."""
+    batch, heads, n, _ = projected.shape
+    result = torch.empty(batch, n, n, dtype=torch.float64)
+    for b in range(batch):
+        for i in range(n):
+            for j in range(n):
+                if i != j and not bool(probabilities[b, :, i, j].ne(0).any()):
+                    result[b, i, j] = float("inf")
+                    continue
+                vector = sum(probabilities[b, h, i, j] * projected[b, h, j] for h in range(heads))
+                if i == j:
+                    vector = vector + inputs[b, i]
+                if scale is not None:
+                    vector = (vector - vector.mean()) * scale[b, i]
+                result[b, i, j] = (outputs[b, i] - vector).abs().sum()
+    return result
+
+
 @settings(max_examples=20, deadline=None)
 @given(seed=st.integers(0, 10_000), n=st.integers(1, 19), heads=st.integers(1, 6), causal=st.booleans(), post_norm=st.booleans())
-def test_compiled_alti_matches_explicit_loops_for_any_head_count_and_length(seed, n, heads, causal, post_norm):
+def test_compiled_distances_match_explicit_loops_for_any_head_count_and_length(seed, n, heads, causal, post_norm):
     # The kernel takes heads four at a time and rows two at a time in tasks of 16 rows: head
     # counts that are not a multiple of 4, odd lengths and lengths past one task, causal or not.
-    probabilities, values, inputs, weight, bias = _layer(seed, batch=1, heads=heads, n=n, width=9)
-    mask = torch.ones(1, n, dtype=torch.bool)
+    # Its distances are compared, not the contributions: ||y_i||_1 - ||y_i - T_i(x_j)||_1
+    # cancels, so float32 contributions differ from float64 ones by more than the kernel's error.
+    probabilities, values, inputs, weight, _ = _layer(seed, batch=1, heads=heads, n=n, width=9)
     if causal:
         probabilities = probabilities * torch.ones(n, n, dtype=torch.float64).tril()
         probabilities = probabilities / probabilities.sum(-1, keepdim=True)
-    norm = (torch.rand(9, dtype=torch.float64) + 0.5, torch.randn(9, dtype=torch.float64), 1e-5) if post_norm else None
-    expected = _alti_loops(probabilities, values, inputs, weight, bias, mask, norm)
-    compiled = alti_contributions(
-        probabilities.float(), values.float(), inputs.float(), weight.float(), bias.float(), mask,
-        None if norm is None else (norm[0].float(), norm[1].float(), 1e-5),
-    )
-    assert torch.allclose(compiled.double(), expected, atol=5e-6)
-    if causal:
-        assert bool((compiled.triu(1) == 0).all())
+    generator = torch.Generator().manual_seed(seed)
+    projected = projected_values(values, weight).double()
+    outputs = torch.randn(1, n, 9, generator=generator, dtype=torch.float64)
+    scale = torch.rand(1, n, 9, generator=generator, dtype=torch.float64) + 0.5 if post_norm else None
+    expected = _distance_loops(probabilities, projected, inputs, outputs, scale)
+    compiled = decomposition._compiled_distances(
+        probabilities.float(), projected.float(), inputs.float(), outputs.float(), None if scale is None else scale.float()
+    ).double()
+    finite = torch.isfinite(expected)
+    assert torch.equal(torch.isfinite(compiled), finite)
+    assert torch.allclose(compiled[finite], expected[finite], rtol=1e-5, atol=1e-5)
+    if causal:  # masked pairs are exactly 0 in the contributions
+        contributions = alti_contributions(
+            probabilities.float(), values.float(), inputs.float(), weight.float(), None, torch.ones(1, n, dtype=torch.bool)
+        )
+        assert bool((contributions.triu(1) == 0).all())
 
 
 @settings(max_examples=25, deadline=None)
