@@ -47,7 +47,7 @@ from captum_attnflow.hf.architectures import RMS_NORMS, Architecture, architectu
 from captum_attnflow.hf.capture import in_run_order, real_tokens_first_call
 from captum_attnflow.hf.dispatch import onloaded
 from captum_attnflow.hf.inputs import as_tuple, check_mask_not_in_args, mask_keyword
-from captum_attnflow.hf.lean import attends_causally
+from captum_attnflow.hf.lean import attends_causally, scale_and_causality
 from captum_attnflow.hf.models import check_device, main_model, owning_module
 from captum_attnflow.hf.scores import input_embeddings
 from captum_attnflow.hf.state import implementation, register_attention, unchanged
@@ -135,8 +135,8 @@ def _attnlrp_attention(
     run = _CURRENT.get()
     if not run.attended:
         run.attended = True
-        causal = attention_mask is None and kwargs.get("is_causal", getattr(module, "is_causal", True))
-        run.causal = query.shape[-2] > 1 and attends_causally(query.shape[-2], attention_mask, bool(causal))
+        _, causal = scale_and_causality(module, query, attention_mask, kwargs.get("scaling"), kwargs)
+        run.causal = query.shape[-2] > 1 and attends_causally(query.shape[-2], attention_mask, causal)
     query, key, value = _GradientScale.apply(query, 0.25), _GradientScale.apply(key, 0.25), _GradientScale.apply(value, 0.5)
     return run.attention(module, query, key, value, attention_mask, **kwargs)[0], None
 
