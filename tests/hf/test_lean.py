@@ -10,7 +10,7 @@ import transformers
 from captum_attnflow import AttentionFlow, AttentionRollout, RawAttention, load_agreement_model
 from captum_attnflow.functional import fuse_heads, rollout_rows
 from captum_attnflow.hf import capture_graph
-from captum_attnflow.hf.lean import LeanCapture, _scratch_size, fused_blocks, lean_capture
+from captum_attnflow.hf.lean import AttentionScores, LeanCapture, _scratch_size, fused_blocks, lean_capture
 from helpers import make_tiny_model, model_state, padded_batch
 
 LEAN_ARCHS = ["bert", "roberta", "distilbert", "gpt2", "llama"]
@@ -169,7 +169,7 @@ def test_fused_blocks_take_masks_of_any_broadcast_shape(monkeypatch, block_bytes
     for mask in (keys_allowed[:, None, None], keys_allowed[:, None, None].expand(2, 1, 6, 6),
                  torch.zeros(2, 1, 1, 6).masked_fill(~keys_allowed[:, None, None], torch.finfo(torch.float32).min)):
         out = torch.full((2, 6, 6), float("nan"))
-        for _ in fused_blocks(query, key, mask, 0.3, False, fusion, out=out):
+        for _ in fused_blocks(AttentionScores(query, key, mask, 0.3, False), fusion, out=out):
             pass
         torch.testing.assert_close(out, expected)
-    assert _scratch_size(query, key) <= (2 * 4 + 1) * 2 * 6 * 6
+    assert _scratch_size(AttentionScores(query, key, None, 0.3, False)) <= (2 * 4 + 1) * 2 * 6 * 6

@@ -187,8 +187,8 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         :math:`\\bar A_l` in row blocks from the queries, keys, values and output gradient."""
         capture = capture_attention_gradients(self.forward_func, inputs, args, attention_mask)
         calls = capture.calls
-        _check_self_attention((c.query.shape[0], c.query.shape[1], c.query.shape[2], c.key.shape[2]) for c in calls)
-        batch, n = calls[0].query.shape[0], calls[0].query.shape[2]
+        _check_self_attention((*c.scores.query.shape[:3], c.scores.key.shape[2]) for c in calls)
+        batch, n = calls[0].scores.query.shape[0], calls[0].scores.query.shape[2]
         device = inputs.device  # where the layers of a dispatched model come together
         mask = as_mask(attention_mask, batch, n, device)
         sources, has_axis = explained_positions(position, mask, lambda: capture.causal)

@@ -33,7 +33,7 @@ from transformers.masking_utils import sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from captum_attnflow.hf.internals import prepared_call
-from captum_attnflow.hf.lean import LEAN_MODEL_TYPES, _scratch_size, attends_causally, fused_blocks, scale_and_causality
+from captum_attnflow.hf.lean import LEAN_MODEL_TYPES, AttentionScores, _scratch_size, fused_blocks, scale_and_causality
 from captum_attnflow.hf.models import hf_models
 from captum_attnflow.hf.state import implementation, register_attention, unchanged, uses_substituted_attention
 
@@ -59,17 +59,13 @@ def supports_attention_gradients(model: nn.Module) -> bool:
 
 @dataclass
 class AttentionCall:
-    """What one attention call kept: queries (B, H, n_q, d), keys and values (B, H_kv, n_k, d)
-    (detached: the tensors the call was given), the mask transformers built for it (bool, True
-    = attend, or None for plain causal or no masking), the scaling, whether it was causal
-    without a mask, its output (B, n_q, H, d) in the autograd graph, and its module."""
+    """What one attention call kept: what its scores are made of (queries (B, H, n_q, d), keys,
+    mask, scaling: :class:`~captum_attnflow.hf.lean.AttentionScores`), its values (B, H_kv, n_k, d)
+    (detached: the tensors the call was given), its output (B, n_q, H, d) in the autograd graph,
+    and its module."""
 
-    query: Tensor
-    key: Tensor
+    scores: AttentionScores
     value: Tensor
-    mask: Tensor | None
-    scaling: float
-    causal: bool
     output: Tensor
     module: nn.Module
 
@@ -112,7 +108,7 @@ class AttentionGradients:
     @property
     def causal(self) -> bool:
         """Whether every call attended causally: no query may see a later key."""
-        return all(attends_causally(c.query.shape[2], c.mask, c.causal) for c in self.calls)
+        return all(c.scores.attends_causally for c in self.calls)
 
     def weighted_blocks(self, index: int, grad_output: Tensor, rows: int | None = None) -> Iterator[tuple[int, int, Tensor]]:
         """:math:`\\bar A = \\mathbb{E}_h[(A_h \\odot \\nabla O_h V_h^\\top)^+]` of call ``index``
@@ -120,21 +116,21 @@ class AttentionGradients:
         over the first w keys (the later ones 0), valid until the next block; the first ``rows``
         rows at least (all if None)."""
         call = self.calls[index]
-        size = _scratch_size(call.query, call.key)
-        if self._scratch is None or self._scratch.numel() < size or self._scratch.device != call.query.device:
-            self._scratch = torch.empty(size, dtype=torch.float32, device=call.query.device)
+        device = call.scores.query.device
+        size = _scratch_size(call.scores)
+        if self._scratch is None or self._scratch.numel() < size or self._scratch.device != device:
+            self._scratch = torch.empty(size, dtype=torch.float32, device=device)
         blocks = fused_blocks(
-            call.query, call.key, call.mask, call.scaling, call.causal, "mean", self._scratch,
-            gradient=(grad_output.to(call.query.device), call.value), rows=rows,
+            call.scores, "mean", self._scratch, gradient=(grad_output.to(device), call.value), rows=rows
         )
-        if self.device is None or self.device == call.query.device:
+        if self.device is None or self.device == device:
             return blocks
         return ((start, stop, block.to(self.device)) for start, stop, block in blocks)
 
     def weighted_layer(self, index: int, grad_output: Tensor) -> Tensor:
         """:math:`\\bar A` of call ``index`` whole: (B, n_q, n_k) float32."""
-        call = self.calls[index]
-        out = torch.zeros(call.query.shape[0], call.query.shape[2], call.key.shape[2], device=call.query.device)
+        query, key = self.calls[index].scores.query, self.calls[index].scores.key
+        out = torch.zeros(query.shape[0], query.shape[2], key.shape[2], device=query.device)
         for start, stop, block in self.weighted_blocks(index, grad_output):
             out[:, start:stop, : block.shape[-1]] = block.to(out.device)
         return out if self.device is None else out.to(self.device)
@@ -157,7 +153,8 @@ def _gradient_attention(
     output = function(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)[0]
     scale, causal = scale_and_causality(module, query, attention_mask, scaling, kwargs)
     mask = None if attention_mask is None else attention_mask.detach()
-    capture.calls.append(AttentionCall(query.detach(), key.detach(), value.detach(), mask, scale, causal, output, module))
+    scores = AttentionScores(query.detach(), key.detach(), mask, scale, causal)
+    capture.calls.append(AttentionCall(scores, value.detach(), output, module))
     return output, None
 
 

@@ -183,9 +183,9 @@ def _lean_graph(
         rows = capture.fused_layer(index, back.gather(1, positions))  # the positions' rows in the run
         return rows.gather(2, back[:, None, :].expand_as(rows))  # and their columns back in order
 
-    batch, n = attention_mask.shape if attention_mask is not None else capture.layers[0][0].shape[0::2]
+    batch, n = attention_mask.shape if attention_mask is not None else capture.layers[0].query.shape[0::2]
     return AttentionGraph.streamed(
-        fused_layer, capture.num_layers, attention_mask, batch, n, capture.layers[0][0].device,
+        fused_layer, capture.num_layers, attention_mask, batch, n, capture.layers[0].query.device,
         residual_alpha, head_fusion, capture.causal, fused_rows,
         # Blocks of rows in the run's order: only when that is the inputs' order.
         capture.fused_blocks if back is None else None,

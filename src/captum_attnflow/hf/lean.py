@@ -31,6 +31,7 @@ import contextlib
 import math
 import threading
 import weakref
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
@@ -66,6 +67,31 @@ def supports_lean(model: nn.Module) -> bool:
     )
 
 
+@dataclass(frozen=True)
+class AttentionScores:
+    """Everything that makes one attention call's scores :math:`q k^\\top s + M`, as kept by a capture.
+
+    Attributes:
+        query: (B, H, n, d) the queries the call was given (after rotary embeddings), detached.
+        key: (B, H_kv, n_k, d) its keys; grouped-query key heads are repeated for their queries.
+        mask: transformers' 4-D mask for the query rows (bool, True = attend, or additive),
+            any broadcastable (B or 1, 1, n or 1, n_k) shape; None for plain causal or no masking.
+        scaling: the factor :math:`s` on :math:`q k^\\top`.
+        causal: whether a call without a mask masks later keys.
+    """
+
+    query: Tensor
+    key: Tensor
+    mask: Tensor | None
+    scaling: float
+    causal: bool
+
+    @property
+    def attends_causally(self) -> bool:
+        """Whether no query may see a later key (see :func:`attends_causally`)."""
+        return attends_causally(self.query.shape[2], self.mask, self.causal)
+
+
 class LeanCapture:
     """What one call collects: each attention layer's queries and keys (and mask), in call order.
 
@@ -83,7 +109,7 @@ class LeanCapture:
         # own implementation from the registry, or sdpa (equal up to rounding) for eager, whose
         # function lives in each model's own module.
         self.output_function = ALL_ATTENTION_FUNCTIONS.get(saved, sdpa_attention_forward)
-        self.layers: list[tuple[Tensor, Tensor, Tensor | None, float, bool]] = []
+        self.layers: list[AttentionScores] = []
         # The row blocks' buffers, one per thread (a graph may be walked by several at once),
         # shared by all layers that thread computes.
         self._scratch = threading.local()
@@ -95,7 +121,7 @@ class LeanCapture:
                 "explain it with lean=False (eager attention and stored maps)."
             )
         kept = [None if t is None else t.detach().to(self.device or t.device) for t in (query, key, mask)]
-        self.layers.append((*kept, scaling, causal))
+        self.layers.append(AttentionScores(*kept, scaling, causal))
 
     @property
     def complete(self) -> bool:
@@ -105,31 +131,31 @@ class LeanCapture:
     @property
     def causal(self) -> bool:
         """Whether every layer attended causally: no query may see a later key."""
-        return all(attends_causally(query.shape[2], mask, causal) for query, _, mask, _, causal in self.layers)
+        return all(layer.attends_causally for layer in self.layers)
 
     def fused_layer(self, index: int, rows: Tensor | None = None, out: Tensor | None = None) -> Tensor:
         """Head-fused attention probabilities float32 of layer ``index``: (B, n, n), or (B, S, n)
         for the query rows ``rows`` (B, S) only; written into ``out`` if given."""
-        query, key, mask, scaling, causal = self.layers[index]
+        layer = self.layers[index]
         if out is None:
-            count = query.shape[2] if rows is None else rows.shape[1]
-            out = torch.empty(query.shape[0], count, key.shape[2], dtype=torch.float32, device=query.device)
+            count = layer.query.shape[2] if rows is None else rows.shape[1]
+            out = torch.empty(layer.query.shape[0], count, layer.key.shape[2], dtype=torch.float32, device=layer.query.device)
         if rows is not None:
-            return fused_rows(query, key, mask, scaling, causal, self.head_fusion, rows, out)
+            return fused_rows(layer, self.head_fusion, rows, out)
         for start, stop, block in self.fused_blocks(index, out):
             out[:, start:stop, block.shape[-1]:] = 0.0  # keys a causal block cannot see
         return out
 
     def fused_blocks(self, index: int, out: Tensor | None = None) -> Iterator[tuple[int, int, Tensor]]:
         """:func:`fused_blocks` of layer ``index``, in buffers shared by all layers."""
-        query, key, mask, scaling, causal = self.layers[index]
+        layer = self.layers[index]
         scratch = getattr(self._scratch, "buffer", None)
-        if scratch is None or scratch.numel() < _scratch_size(query, key) or scratch.device != query.device:
+        if scratch is None or scratch.numel() < _scratch_size(layer) or scratch.device != layer.query.device:
             # Kept for every layer: fresh buffers this size would be mapped, page-faulted and
             # zeroed by the system on every layer (about 30 ms of 300 at n = 4096).
-            scratch = torch.empty(_scratch_size(query, key), dtype=torch.float32, device=query.device)
+            scratch = torch.empty(_scratch_size(layer), dtype=torch.float32, device=layer.query.device)
             self._scratch.buffer = scratch
-        return fused_blocks(query, key, mask, scaling, causal, self.head_fusion, scratch, out)
+        return fused_blocks(layer, self.head_fusion, scratch, out)
 
 
 def attends_causally(queries: int, mask: Tensor | None, causal: bool) -> bool:
@@ -171,49 +197,35 @@ def scale_and_causality(
     return query.shape[-1] ** -0.5 if scaling is None else scaling, bool(causal)
 
 
-def fused_rows(
-    query: Tensor,
-    key: Tensor,
-    mask: Tensor | None,
-    scaling: float,
-    causal: bool,
-    head_fusion: str,
-    rows: Tensor,
-    out: Tensor,
-) -> Tensor:
+def fused_rows(scores: AttentionScores, head_fusion: str, rows: Tensor, out: Tensor) -> Tensor:
     """Head-fused attention probabilities (B, S, n) of the query rows ``rows`` (B, S) only, into
     ``out``; arguments as in :func:`fused_blocks` (the top layer of a rollout, raw attention:
     S rows cost S/n of the layer)."""
+    query, key, mask, scaling, causal = scores.query, scores.key, scores.mask, scores.scaling, scores.causal
     batch, heads, n, _ = query.shape
     keys = _keys(key, heads)
     picked = torch.arange(batch, device=rows.device)[:, None]
-    scores = torch.matmul(query[picked, :, rows].transpose(1, 2).float() * scaling, keys)  # (B, H, S, n)
+    products = torch.matmul(query[picked, :, rows].transpose(1, 2).float() * scaling, keys)  # (B, H, S, n)
     if mask is not None:
         allowed = mask.expand(batch, -1, n, -1)[picked, :, rows].transpose(1, 2)
     else:
         allowed = (torch.arange(n, device=rows.device) <= rows[..., None])[:, None] if causal else None
-    return _softmax_fused(scores, allowed, head_fusion, out)
+    return _softmax_fused(products, allowed, head_fusion, out)
 
 
 def fused_blocks(
-    query: Tensor,
-    key: Tensor,
-    mask: Tensor | None,
-    scaling: float,
-    causal: bool,
+    scores: AttentionScores,
     head_fusion: str,
     scratch: Tensor | None = None,
     out: Tensor | None = None,
     gradient: tuple[Tensor, Tensor] | None = None,
     rows: int | None = None,
 ) -> Iterator[tuple[int, int, Tensor]]:
-    """Head-fused attention probabilities from queries (B, H, n, d) and keys (B, H_kv, n, d), by blocks of rows.
+    """Head-fused attention probabilities of one call's ``scores`` (queries (B, H, n, d)), by blocks of rows.
 
     :math:`P_h = \\operatorname{softmax}(q_h k_h^\\top s + M)`, computed in float32 one block of
-    rows at a time and fused over heads per block, so the per-head maps never exist whole. ``mask``
-    is transformers' 4-D mask for the query rows (bool, True = attend, or additive), or None;
-    ``causal`` masks later keys when there is no mask. Rows without any allowed key (padding
-    queries) come out 0. Grouped-query key heads are repeated.
+    rows at a time and fused over heads per block, so the per-head maps never exist whole.
+    Rows without any allowed key (padding queries) come out 0.
 
     Yields ``(start, stop, block)``: ``block`` (B, stop - start, w) holds the fused rows
     start..stop over the first w keys, the later ones being 0 (causal attention, whose blocks
@@ -229,6 +241,7 @@ def fused_blocks(
     tensor: the gradient of a block is computed beside its probabilities. ``rows``: stop after
     the block holding that many leading rows (all rows if None).
     """
+    query, key, mask, scaling, causal = scores.query, scores.key, scores.mask, scores.scaling, scores.causal
     batch, heads, n, _ = query.shape
     keys = _keys(key, heads)
     if gradient is not None:
@@ -238,7 +251,7 @@ def fused_blocks(
     keys_seen_causally = causal and mask is None
     per_head = _head_block_numbers(batch, heads, n, keys.shape[-1])  # numbers in one head's block
     if scratch is None:
-        scratch = torch.empty(_scratch_size(query, key), dtype=torch.float32, device=query.device)
+        scratch = torch.empty(_scratch_size(scores), dtype=torch.float32, device=query.device)
     size = batch * heads * per_head
     start = 0
     while start < (n if rows is None else min(n, rows)):
@@ -254,21 +267,21 @@ def fused_blocks(
             width = keys.shape[-1]
         shape = (batch, heads, stop - start, width)
         numbers = batch * heads * (stop - start) * width
-        scores = scratch[:numbers].view(shape)
+        products = scratch[:numbers].view(shape)
         # The scaling on the queries (rows x d), not on the (rows x n) scores.
-        torch.matmul(query[:, :, start:stop].float() * scaling, keys[..., :width], out=scores)
+        torch.matmul(query[:, :, start:stop].float() * scaling, keys[..., :width], out=products)
         # (the mask's query axis may be 1, broadcast over the rows)
         allowed = None if mask is None else mask.expand(*mask.shape[:2], n, mask.shape[-1])[..., start:stop, :]
         if keys_seen_causally:  # every row sees the keys before ``start``: mask the block's own square only
             later = torch.ones(stop - start, stop - start, dtype=torch.bool, device=query.device).triu(1)
-            scores[..., start:stop].masked_fill_(later, float("-inf"))
+            products[..., start:stop].masked_fill_(later, float("-inf"))
         probabilities = scratch[size : size + numbers].view(shape)
         if out is not None:
             block = out[:, start:stop, :width]
         else:
             block = scratch[2 * size : 2 * size + numbers // heads].view(batch, stop - start, width)
         weight = None if gradient is None else (grad_output[:, :, start:stop].float(), values[..., :width])
-        yield start, stop, _softmax_fused(scores, allowed, head_fusion, block, probabilities, weight)
+        yield start, stop, _softmax_fused(products, allowed, head_fusion, block, probabilities, weight)
         start = stop
 
 
@@ -285,11 +298,11 @@ def _head_block_numbers(batch: int, heads: int, queries: int, keys: int) -> int:
     return min(max(keys, _BLOCK_BYTES // (4 * batch * heads)), queries * keys)
 
 
-def _scratch_size(query: Tensor, key: Tensor) -> int:
+def _scratch_size(scores: AttentionScores) -> int:
     """Numbers in the scratch buffer of :func:`fused_blocks`: scores and probabilities of a
     block (B, H, rows, keys), and its fused rows (B, rows, keys)."""
-    batch, heads = query.shape[:2]
-    return (2 * heads + 1) * batch * _head_block_numbers(batch, heads, query.shape[2], key.shape[2])
+    batch, heads, n, _ = scores.query.shape
+    return (2 * heads + 1) * batch * _head_block_numbers(batch, heads, n, scores.key.shape[2])
 
 
 def _softmax_fused(
