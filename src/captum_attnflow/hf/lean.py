@@ -28,10 +28,12 @@ use eager attention and ``output_attentions`` (the stored-maps path).
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import math
 import threading
 import weakref
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any, Iterator
 
 import torch
@@ -50,11 +52,15 @@ LEAN_MODEL_TYPES = frozenset(
      "captum_attnflow_agreement"}
 )
 _NAME = "captum_attnflow_lean"
-# The scores of one block of rows, all heads, take about this many bytes (twice: scores and
-# probabilities). The q k^T product of a block is its largest cost and runs faster on more rows
-# (K = d = 64 is short): at n = 4096 on 2 cores it takes 0.31 s a BERT-base layer in 8 MiB
-# blocks, 0.18 s in 48 MiB ones.
+# On the CPU the scores of one block of rows, all heads, take about this many bytes (twice:
+# scores and probabilities). The q k^T product of a block is its largest cost and runs faster on
+# more rows (K = d = 64 is short): at n = 4096 on 2 cores it takes 0.31 s a BERT-base layer in
+# 8 MiB blocks, 0.18 s in 48 MiB ones.
 _BLOCK_BYTES = 48 * 2**20
+# On a GPU a block takes this share of the memory free when it starts, up to _GPU_BLOCK_BYTES:
+# a layer is then a few large launches (thousands of small ones left the device idle between them).
+_GPU_FREE_SHARE = 8
+_GPU_BLOCK_BYTES = 2**30
 
 
 def supports_lean(model: nn.Module) -> bool:
@@ -202,6 +208,9 @@ def fused_rows(scores: AttentionScores, head_fusion: str, rows: Tensor, out: Ten
     ``out``; arguments as in :func:`fused_blocks` (the top layer of a rollout, raw attention:
     S rows cost S/n of the layer)."""
     query, key, mask, scaling, causal = scores.query, scores.key, scores.mask, scores.scaling, scores.causal
+    kernels = _kernels(query.device)
+    if kernels is not None:
+        return kernels.fused_probabilities(query, key, mask, scaling, causal, head_fusion, out, rows=rows.contiguous())
     batch, heads, n, _ = query.shape
     keys = _keys(key, heads)
     picked = torch.arange(batch, device=rows.device)[:, None]
@@ -243,15 +252,19 @@ def fused_blocks(
     """
     query, key, mask, scaling, causal = scores.query, scores.key, scores.mask, scores.scaling, scores.causal
     batch, heads, n, _ = query.shape
-    keys = _keys(key, heads)
-    if gradient is not None:
-        grad_output, values = gradient[0], _keys(gradient[1], heads)  # values (B, H, d, n_k)
-    # Buffers of about _BLOCK_BYTES, reused by every block: fresh (B, H, rows, n) tensors per
+    n_keys = key.shape[2]
+    kernels, per_head, size = _plan(scores)
+    # Buffers of about the block budget, reused by every block: fresh (B, H, rows, n) tensors per
     # block cost a page fault per page, as much as the softmax itself at n = 4096.
-    keys_seen_causally = causal and mask is None
-    per_head = _head_block_numbers(batch, heads, n, keys.shape[-1])  # numbers in one head's block
     if scratch is None:
-        scratch = torch.empty(_scratch_size(scores), dtype=torch.float32, device=query.device)
+        scratch = torch.empty(size, dtype=torch.float32, device=query.device)
+    elif scratch.numel() < size:  # a buffer sized when the device had less memory free: smaller blocks
+        per_head = max(n_keys, per_head * scratch.numel() // size)
+    keys_seen_causally = causal and mask is None
+    if kernels is None:
+        keys = _keys(key, heads)
+        if gradient is not None:
+            grad_output, values = gradient[0], _keys(gradient[1], heads)  # values (B, H, d, n_k)
     size = batch * heads * per_head
     start = 0
     while start < (n if rows is None else min(n, rows)):
@@ -263,8 +276,17 @@ def fused_blocks(
             stop = min(n, start + max(1, fitting))
             width = stop
         else:
-            stop = min(n, start + max(1, per_head // keys.shape[-1]))
-            width = keys.shape[-1]
+            stop = min(n, start + max(1, per_head // n_keys))
+            width = n_keys
+        if out is not None:
+            block = out[:, start:stop, :width]
+        elif kernels is not None:
+            block = scratch[: batch * (stop - start) * width].view(batch, stop - start, width)
+        if kernels is not None:  # each head's scores stay on chip: the fused block is all that is written
+            kernels.fused_probabilities(query, key, mask, scaling, keys_seen_causally, head_fusion, block, start, gradient=gradient)
+            yield start, stop, block
+            start = stop
+            continue
         shape = (batch, heads, stop - start, width)
         numbers = batch * heads * (stop - start) * width
         products = scratch[:numbers].view(shape)
@@ -276,9 +298,7 @@ def fused_blocks(
             later = torch.ones(stop - start, stop - start, dtype=torch.bool, device=query.device).triu(1)
             products[..., start:stop].masked_fill_(later, float("-inf"))
         probabilities = scratch[size : size + numbers].view(shape)
-        if out is not None:
-            block = out[:, start:stop, :width]
-        else:
+        if out is None:
             block = scratch[2 * size : 2 * size + numbers // heads].view(batch, stop - start, width)
         weight = None if gradient is None else (grad_output[:, :, start:stop].float(), values[..., :width])
         yield start, stop, _softmax_fused(products, allowed, head_fusion, block, probabilities, weight)
@@ -292,17 +312,43 @@ def _keys(key: Tensor, heads: int) -> Tensor:
     return key.float().transpose(-1, -2)
 
 
-def _head_block_numbers(batch: int, heads: int, queries: int, keys: int) -> int:
-    """Numbers in one head's block of scores: about _BLOCK_BYTES over all heads, at least one
-    row, at most the whole map."""
-    return min(max(keys, _BLOCK_BYTES // (4 * batch * heads)), queries * keys)
+def _kernels(device: torch.device) -> ModuleType | None:
+    """Where the blocks are computed, decided by device in this one place: the Triton kernels of
+    :mod:`captum_attnflow.hf.lean_triton` on a CUDA device with Triton installed (it ships with
+    torch's CUDA builds), else None: the torch operations of :func:`fused_blocks`."""
+    if device.type != "cuda" or importlib.util.find_spec("triton") is None:
+        return None
+    from captum_attnflow.hf import lean_triton
+
+    return lean_triton
+
+
+def _block_bytes(device: torch.device) -> int:
+    """Bytes a block of rows may take on ``device``: _BLOCK_BYTES on the CPU (its caches); on a
+    GPU a share of the memory free now, at least _BLOCK_BYTES and at most _GPU_BLOCK_BYTES."""
+    if device.type != "cuda":
+        return _BLOCK_BYTES
+    free, _ = torch.cuda.mem_get_info(device)
+    return max(_BLOCK_BYTES, min(free // _GPU_FREE_SHARE, _GPU_BLOCK_BYTES))
+
+
+def _plan(scores: AttentionScores) -> tuple[ModuleType | None, int, int]:
+    """How :func:`fused_blocks` computes the blocks of ``scores``: ``(kernels, per_head, size)``,
+    the kernels of :func:`_kernels` (None: torch operations), the numbers in one head's block of
+    scores (about the device's block budget over all heads that a block writes, at least one
+    row, at most the whole map) and the scratch numbers: with the kernels a block's fused rows
+    (B, rows, keys) only, without them also its scores and probabilities (B, H, rows, keys)."""
+    batch, heads, n, _ = scores.query.shape
+    keys = scores.key.shape[2]
+    kernels = _kernels(scores.query.device)
+    written = 1 if kernels is not None else heads  # heads whose scores a block writes
+    per_head = min(max(keys, _block_bytes(scores.query.device) // (4 * batch * written)), n * keys)
+    return kernels, per_head, (1 if kernels is not None else 2 * heads + 1) * batch * per_head
 
 
 def _scratch_size(scores: AttentionScores) -> int:
-    """Numbers in the scratch buffer of :func:`fused_blocks`: scores and probabilities of a
-    block (B, H, rows, keys), and its fused rows (B, rows, keys)."""
-    batch, heads, n, _ = scores.query.shape
-    return (2 * heads + 1) * batch * _head_block_numbers(batch, heads, n, scores.key.shape[2])
+    """Numbers in the scratch buffer of :func:`fused_blocks` (see :func:`_plan`)."""
+    return _plan(scores)[2]
 
 
 def _softmax_fused(

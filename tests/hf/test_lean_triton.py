@@ -1,0 +1,218 @@
+"""The Triton kernels of hf/lean_triton.py against the torch path of hf/lean.py: compiled on a CUDA
+device, else on CPU tensors through Triton's interpreter (tests/conftest.py turns it on before
+triton is imported on a machine without CUDA). Small sizes: n not a multiple of the 64-key tiles,
+padding, grouped-query heads, causality, bool and additive masks of every broadcast shape,
+soft-capping, gradient weighting; and the lean methods end to end with the kernels in place of
+the torch path.
+
+Tolerances against the float32 torch path on the CPU: float32 inputs 1e-6 (the same float32 sums
+in another order); bfloat16 inputs 1e-5 against the torch path on the same bfloat16 numbers
+(products of two bfloat16 numbers are exact in float32, so only the order of the sums differs).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import transformers
+from helpers import CONFIGS, padded_batch
+
+from captum_attnflow import AttentionRollout, GradientWeightedRollout
+from captum_attnflow.functional import fuse_heads
+from captum_attnflow.hf import lean
+from captum_attnflow.hf.lean import AttentionScores, fused_blocks, fused_rows
+
+pytest.importorskip("triton", reason="the GPU kernels need triton (pip install triton, Linux x86-64)")
+if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("no CUDA device, and triton was imported before TRITON_INTERPRET=1 was set", allow_module_level=True)
+
+from captum_attnflow.hf import lean_triton  # noqa: E402  (after the skips: triton may be missing)
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+TOLERANCE = {torch.float32: 1e-6, torch.bfloat16: 1e-5}
+
+
+def run_kernel(query, key, mask, scaling, causal, fusion, out, **options):
+    """:func:`lean_triton.fused_probabilities` on DEVICE, written back into the CPU ``out``."""
+    moved = {k: None if v is None else v.to(DEVICE) if isinstance(v, torch.Tensor) else tuple(t.to(DEVICE) for t in v)
+             for k, v in options.items() if k in ("rows", "gradient")}
+    options = {**options, **moved}
+    mask = None if mask is None else mask.to(DEVICE)
+    result = lean_triton.fused_probabilities(
+        query.to(DEVICE), key.to(DEVICE), mask, scaling, causal, fusion, out.to(DEVICE), **options
+    )
+    return out.copy_(result.cpu())
+
+
+@pytest.fixture
+def on_kernels(monkeypatch):
+    """The library's one dispatch point sends every device to the kernels (interpreted on the CPU)."""
+    monkeypatch.setattr(lean, "_kernels", lambda device: lean_triton)
+
+
+def _inputs(n=37, batch=2, heads=4, kv_heads=2, dim=8, dtype=torch.float32, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    query = torch.randn(batch, heads, n, dim, generator=generator).to(dtype)
+    key = torch.randn(batch, kv_heads, n, dim, generator=generator).to(dtype)
+    allowed = torch.ones(batch, n, dtype=torch.bool)
+    allowed[-1, n - 7 :] = False  # right padding in the last example
+    return query, key, allowed
+
+
+def _masks(allowed):
+    """(name, mask, causal): every form of mask the captures keep."""
+    n = allowed.shape[1]
+    keys = allowed[:, None, None]  # (B, 1, 1, n)
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    lowest = torch.finfo(torch.float32).min
+    return [
+        ("none", None, False),
+        ("causal", None, True),
+        ("bool keys", keys, False),
+        ("bool per query", keys & causal, False),  # (B, 1, n, n), padding and causality
+        ("additive keys", torch.zeros(allowed.shape[0], 1, 1, n).masked_fill(~keys, lowest), False),
+        ("additive -inf rows", torch.zeros(1, 1, n, n).masked_fill(~causal, float("-inf")), False),
+    ]
+
+
+def _torch_path(scores, fusion, **options):
+    n, n_keys = scores.query.shape[2], scores.key.shape[2]
+    out = torch.zeros(scores.query.shape[0], n, n_keys)
+    for start, stop, block in fused_blocks(scores, fusion, **options):
+        out[:, start:stop, : block.shape[-1]] = block
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_kernel_equals_the_torch_path(dtype):
+    query, key, allowed = _inputs(dtype=dtype)
+    for name, mask, causal in _masks(allowed):
+        scores = AttentionScores(query, key, mask, 0.3, causal)
+        out = torch.full((2, 37, 37), float("nan"))
+        run_kernel(query, key, mask, 0.3, causal, "mean", out)
+        torch.testing.assert_close(out, _torch_path(scores, "mean"), atol=TOLERANCE[dtype], rtol=0, msg=name)
+
+
+@pytest.mark.parametrize("fusion", ["max", "min"])
+def test_kernel_fuses_heads_by_max_and_min(fusion):
+    query, key, allowed = _inputs()
+    for name, mask, causal in _masks(allowed)[1:4:2]:  # causal; padding and causality in one mask
+        out = torch.full((2, 37, 37), float("nan"))
+        run_kernel(query, key, mask, 0.3, causal, fusion, out)
+        expected = _torch_path(AttentionScores(query, key, mask, 0.3, causal), fusion)
+        torch.testing.assert_close(out, expected, atol=1e-6, rtol=0, msg=name)
+
+
+def test_tiles_smaller_than_the_map(monkeypatch):
+    """Several tiles of rows and keys, the last ones partial (n = 37, tiles of 16 rows and 32 keys)."""
+    monkeypatch.setattr(lean_triton, "_TILE", (16, 32))
+    query, key, allowed = _inputs()
+    for name, mask, causal in _masks(allowed)[1:4]:
+        out = torch.full((2, 37, 37), float("nan"))
+        run_kernel(query, key, mask, 0.3, causal, "mean", out)
+        expected = _torch_path(AttentionScores(query, key, mask, 0.3, causal), "mean")
+        torch.testing.assert_close(out, expected, atol=1e-6, rtol=0, msg=name)
+
+
+def test_kernel_writes_a_view_of_rows_and_keys():
+    """A block start..stop over the first w keys, into a strided view of a larger map."""
+    query, key, _ = _inputs(n=40, heads=2, kv_heads=1, dim=20)  # head size 20: padded to 32 in the tile
+    scores = AttentionScores(query, key, None, 0.25, True)
+    expected = _torch_path(scores, "mean")
+    out = torch.full((2, 40, 40), -1.0)
+    run_kernel(query, key, None, 0.25, True, "mean", out[:, 21:33, :33], start=21)
+    torch.testing.assert_close(out[:, 21:33, :33], expected[:, 21:33, :33], atol=1e-6, rtol=0)
+    assert (out[:, :21] == -1).all() and (out[:, 33:] == -1).all() and (out[:, :, 33:] == -1).all()
+
+
+def test_padding_queries_without_any_key_are_zero():
+    query, key, allowed = _inputs(n=20)
+    mask = allowed[:, None, :, None] & allowed[:, None, None, :]  # padding queries see nothing
+    out = torch.full((2, 20, 20), float("nan"))
+    run_kernel(query, key, mask, 0.3, False, "mean", out)
+    assert (out[-1, 13:] == 0).all() and torch.isfinite(out).all()
+    torch.testing.assert_close(out, _torch_path(AttentionScores(query, key, mask, 0.3, False), "mean"), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_gradient_weighted_blocks_equal_the_torch_path(dtype):
+    """(P_h * dO_h V_h^T)^+ fused over heads, grouped-query values, every mask form."""
+    query, key, allowed = _inputs(dtype=dtype)
+    generator = torch.Generator().manual_seed(1)
+    grad_output = torch.randn(2, 37, 4, 8, generator=generator).to(dtype).transpose(1, 2)  # (B, H, n, d), strided
+    value = torch.randn(2, 2, 37, 8, generator=generator).to(dtype)
+    for name, mask, causal in _masks(allowed):
+        scores = AttentionScores(query, key, mask, 0.3, causal)
+        out = torch.full((2, 37, 37), float("nan"))
+        run_kernel(query, key, mask, 0.3, causal, "mean", out, gradient=(grad_output, value))
+        expected = _torch_path(scores, "mean", gradient=(grad_output, value))
+        torch.testing.assert_close(out, expected, atol=TOLERANCE[dtype], rtol=0, msg=name)
+
+
+def test_rows_equal_the_torch_path():
+    query, key, allowed = _inputs()
+    positions = torch.tensor([[0, 36, 5, 17], [29, 30, 0, 35]])
+    for name, mask, causal in _masks(allowed):
+        scores = AttentionScores(query, key, mask, 0.3, causal)
+        out = torch.full((2, 4, 37), float("nan"))
+        run_kernel(query, key, mask, 0.3, causal, "max", out, rows=positions)
+        expected = fused_rows(scores, "max", positions, torch.empty(2, 4, 37))
+        torch.testing.assert_close(out, expected, atol=1e-6, rtol=0, msg=name)
+
+
+def test_soft_capped_scores():
+    """c tanh(q k^T s / c) before the mask, as Gemma 2 caps its scores."""
+    query, key, allowed = _inputs()
+    mask = allowed[:, None, None]
+    scores = torch.tanh(query @ key.repeat_interleave(2, 1).transpose(-1, -2) * 0.9 / 2.0) * 2.0
+    expected = fuse_heads(torch.softmax(scores.masked_fill(~mask, float("-inf")), -1), "mean")
+    out = torch.empty(2, 37, 37)
+    run_kernel(query, key, mask, 0.9, False, "mean", out, softcap=2.0)
+    torch.testing.assert_close(out, expected, atol=1e-6, rtol=0)
+    uncapped = run_kernel(query, key, mask, 0.9, False, "mean", torch.empty(2, 37, 37))
+    assert (uncapped - expected).abs().max() > 1e-2  # the cap changes the maps
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on CUDA tests/test_gpu.py compares the methods with the CPU")
+@pytest.mark.parametrize(
+    ("arch", "block_bytes"),
+    # grouped-query heads, causality and padding in the test command (the interpreter takes 0.3 s a launch)
+    [("llama", None), pytest.param("llama", 2 * 9 * 4 * 3, marks=pytest.mark.slow),
+     pytest.param("bert", None, marks=pytest.mark.slow), pytest.param("bert", 2 * 9 * 4 * 3, marks=pytest.mark.slow),
+     pytest.param("gpt2", None, marks=pytest.mark.slow)],
+)
+def test_lean_methods_on_the_kernels_equal_the_torch_path(on_kernels, monkeypatch, arch, block_bytes):
+    """Rollout (block by block, the explained rows of the top layer alone) and gradient-weighted
+    rollout with the dispatch sending every block to the kernels: what the torch path gives.
+    ``block_bytes``: blocks of two rows of 9 keys (B = 3), narrow causal ones; None: one block."""
+    config = CONFIGS[arch]()
+    config.initializer_range = 0.2  # maps far from uniform
+    torch.manual_seed(0)
+    head = transformers.AutoModelForSequenceClassification if arch == "bert" else transformers.AutoModelForCausalLM
+    model = head.from_config(config).eval()
+    ids, mask = padded_batch(seed=3, batch=3)
+    last = mask.sum(-1) - 1
+    if block_bytes is not None:
+        monkeypatch.setattr(lean, "_BLOCK_BYTES", block_bytes)
+    results = []
+    for use_kernels in (True, False):
+        if not use_kernels:
+            monkeypatch.setattr(lean, "_kernels", lambda device: None)
+        results.append([
+            AttentionRollout(model).attribute(ids, attention_mask=mask, position=last, layer=None),
+            GradientWeightedRollout(model).attribute(ids, attention_mask=mask, position=last, layer=None, target=1),
+        ])
+    for ours, expected in zip(*results):
+        torch.testing.assert_close(ours, expected, atol=1e-6, rtol=0)
+
+
+def test_blocks_sized_by_the_device(monkeypatch):
+    """The CPU keeps its cache-sized blocks; a GPU takes a share of its free memory, capped."""
+    assert lean._block_bytes(torch.device("cpu")) == lean._BLOCK_BYTES
+    for free, expected in ((80 * 2**30, lean._GPU_BLOCK_BYTES), (4 * 2**30, 2**29), (2**20, lean._BLOCK_BYTES)):
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device, free=free: (free, 80 * 2**30))
+        assert lean._block_bytes(torch.device("cuda")) == expected
+    assert lean._kernels(torch.device("cpu")) is None
+    assert lean._kernels(torch.device("cuda")).__name__ == "captum_attnflow.hf.lean_triton"
