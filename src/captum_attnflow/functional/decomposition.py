@@ -18,8 +18,12 @@ import torch
 from numba import njit
 from torch import Tensor
 
+from captum_attnflow.functional.kernels import gpu_kernels
+
 # Row blocks of the (B, rows, n, D) transformed vectors hold about this many numbers.
 _BLOCK_NUMBERS = 2**23
+# The GPU twins of the kernels here.
+_TRITON = "captum_attnflow.functional.decomposition_triton"
 
 
 def projected_values(values: Tensor, output_weight: Tensor) -> Tensor:
@@ -59,9 +63,13 @@ def attention_norms(probabilities: Tensor, values: Tensor, output_weight: Tensor
     """
     projected = projected_values(values, output_weight)
     batch, _, n, size = projected.shape
-    norms = torch.cat(
-        [transformed_vectors(probabilities, projected, rows).norm(dim=-1) for rows in _row_blocks(batch, n, size)], 1
-    )
+    kernels = None if probabilities.requires_grad else gpu_kernels(projected.device, _TRITON)
+    if kernels is not None:
+        norms = kernels.norms(probabilities, projected)
+    else:
+        norms = torch.cat(
+            [transformed_vectors(probabilities, projected, rows).norm(dim=-1) for rows in _row_blocks(batch, n, size)], 1
+        )
     return norms * (attention_mask[:, :, None] & attention_mask[:, None, :])
 
 
@@ -127,13 +135,28 @@ def alti_contributions(
         deviation = (pre_norm.var(-1, unbiased=False, keepdim=True) + eps).sqrt()  # (B, n, 1)
         outputs = (pre_norm - pre_norm.mean(-1, keepdim=True)) / deviation * gamma.float() + beta.float()
         scale = gamma.float() / deviation  # (B, n, D)
-    if inputs.device.type == "cpu" and not probabilities.requires_grad:
-        distances = _compiled_distances(probabilities, projected, inputs, outputs, scale)
-    else:
-        distances = torch.cat([_distances(probabilities, projected, inputs, outputs, scale, rows)
-                               for rows in _row_blocks(batch, n, size)], 1)
+    distances = _distances_where_they_are(probabilities, projected, inputs, outputs, scale)
     contributions = (outputs.abs().sum(-1)[:, :, None] - distances).clamp(min=0)
     return normalised_rows(contributions, attention_mask)
+
+
+def _distances_where_they_are(
+    probabilities: Tensor, projected: Tensor, inputs: Tensor, outputs: Tensor, scale: Tensor | None
+) -> Tensor:
+    """(B, n, n) :math:`\\lVert y_i - T_i(x_j) \\rVert_1`, by device: the numba kernel on the CPU,
+    the Triton kernel where it runs (:func:`~captum_attnflow.functional.kernels.gpu_kernels`),
+    both without writing the transformed vectors; else, and under autograd, torch operations in
+    row blocks."""
+    if not probabilities.requires_grad:
+        if inputs.device.type == "cpu":
+            return _compiled_distances(probabilities, projected, inputs, outputs, scale)
+        kernels = gpu_kernels(inputs.device, _TRITON)
+        if kernels is not None:
+            return kernels.alti_distances(probabilities, projected, inputs, outputs, scale)
+    batch, _, n, size = projected.shape
+    return torch.cat(
+        [_distances(probabilities, projected, inputs, outputs, scale, rows) for rows in _row_blocks(batch, n, size)], 1
+    )
 
 
 def _distances(

@@ -28,7 +28,6 @@ use eager attention and ``output_attentions`` (the stored-maps path).
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import math
 import threading
 import weakref
@@ -43,6 +42,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from captum_attnflow.functional.kernels import gpu_kernels
 from captum_attnflow.functional.mixing import fuse_heads
 from captum_attnflow.hf.models import hf_models
 from captum_attnflow.hf.state import exclusive, implementation, register_attention, uses_substituted_attention
@@ -314,13 +314,9 @@ def _keys(key: Tensor, heads: int) -> Tensor:
 
 def _kernels(device: torch.device) -> ModuleType | None:
     """Where the blocks are computed, decided by device in this one place: the Triton kernels of
-    :mod:`captum_attnflow.hf.lean_triton` on a CUDA device with Triton installed (it ships with
-    torch's CUDA builds), else None: the torch operations of :func:`fused_blocks`."""
-    if device.type != "cuda" or importlib.util.find_spec("triton") is None:
-        return None
-    from captum_attnflow.hf import lean_triton
-
-    return lean_triton
+    :mod:`captum_attnflow.hf.lean_triton` where they run (:func:`~captum_attnflow.functional.kernels.gpu_kernels`),
+    else None: the torch operations of :func:`fused_blocks`."""
+    return gpu_kernels(device, "captum_attnflow.hf.lean_triton")
 
 
 def _block_bytes(device: torch.device) -> int:

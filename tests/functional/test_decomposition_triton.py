@@ -1,0 +1,92 @@
+"""The Triton kernels of functional/decomposition_triton.py (ALTI's L1 distances, the attention
+norms) against the torch path of functional/decomposition.py: compiled on a CUDA device, else on
+CPU tensors through Triton's interpreter (turned on by tests/conftest.py), with tiles smaller
+than the maps (several row tiles and feature chunks, the last ones partial), causal and padded
+attention, pre- and post-LN blocks; and ALTI and AttentionNorm end to end with the kernels.
+
+Tolerance: 1e-6 relative to the distances (float32 sums of D terms in another order)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from captum_attnflow import ALTI, AttentionNorm, load_agreement_model
+from captum_attnflow.functional import decomposition
+
+pytest.importorskip("triton", reason="the GPU kernels need triton (pip install triton, Linux x86-64)")
+if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("no CUDA device, and triton was imported before TRITON_INTERPRET=1 was set", allow_module_level=True)
+
+from captum_attnflow.functional import decomposition_triton  # noqa: E402  (after the skips)
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _layer(causal: bool, n: int = 21, heads: int = 3, size: int = 4, width: int = 40, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    scores = torch.randn(2, heads, n, n, generator=generator)
+    if causal:
+        scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    scores[1, :, :, n - 6 :] = float("-inf")  # padding keys in the second example
+    probabilities = torch.softmax(scores, -1)
+    values, weight = torch.randn(2, heads, n, size, generator=generator), torch.randn(heads * size, width, generator=generator)
+    inputs = torch.randn(2, n, width, generator=generator)
+    outputs = inputs + torch.randn(2, n, width, generator=generator)
+    scale = torch.rand(2, n, width, generator=generator) + 0.5
+    return probabilities, decomposition.projected_values(values, weight), inputs, outputs, scale
+
+
+def _on_device(*tensors):
+    return [None if t is None else t.to(DEVICE) for t in tensors]
+
+
+@pytest.fixture
+def small_tiles(monkeypatch):
+    monkeypatch.setattr(decomposition_triton, "_TILE", (16, 32))  # n = 21 rows, D = 40 features
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+@pytest.mark.parametrize("post_norm", [False, True], ids=["pre-LN", "post-LN"])
+def test_alti_distances_equal_the_torch_path(small_tiles, causal, post_norm):
+    probabilities, projected, inputs, outputs, scale = _layer(causal)
+    scale = scale if post_norm else None
+    batch, _, n, size = projected.shape
+    expected = torch.cat([decomposition._distances(probabilities, projected, inputs, outputs, scale, rows)
+                          for rows in decomposition._row_blocks(batch, n, size)], 1)
+    ours = decomposition_triton.alti_distances(*_on_device(probabilities, projected, inputs, outputs, scale)).cpu()
+    assert torch.equal(torch.isinf(ours), torch.isinf(expected))  # pairs no head attends: +inf, not computed
+    finite = torch.isfinite(expected)
+    torch.testing.assert_close(ours[finite], expected[finite], atol=0, rtol=1e-6)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+def test_norms_equal_the_torch_path(small_tiles, causal, monkeypatch):
+    probabilities, projected, *_ = _layer(causal)
+    expected = torch.cat([decomposition.transformed_vectors(probabilities, projected, rows).norm(dim=-1)
+                          for rows in decomposition._row_blocks(2, 21, projected.shape[-1])], 1)
+    ours = decomposition_triton.norms(*_on_device(probabilities, projected)).cpu()
+    torch.testing.assert_close(ours, expected, atol=1e-6, rtol=1e-6)
+    # and through the dispatch of attention_norms, as it runs on a GPU
+    monkeypatch.setattr(decomposition, "gpu_kernels", lambda device, module: decomposition_triton)
+    values, weight = torch.ones(2, 3, 21, 1), torch.ones(3, 1)  # projected values all 1: the norms are sums of weights
+    masked = decomposition.attention_norms(probabilities, values, weight, torch.ones(2, 21, dtype=torch.bool))
+    torch.testing.assert_close(masked, probabilities.sum(1), atol=1e-6, rtol=0)
+
+
+@pytest.mark.slow  # 15 s: the interpreter takes about 0.1 s a program
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on CUDA tests/test_gpu.py compares the methods with the CPU")
+def test_alti_and_norms_on_the_kernels_equal_the_cpu_paths(monkeypatch):
+    """ALTI and AttentionNorm of the bundled post-LN model, padded, with the kernels in place of
+    the numba kernel and the torch blocks."""
+    model, tokenizer = load_agreement_model()
+    batch = tokenizer(["the keys to the cabinet are", "the key"], return_tensors="pt", padding=True)
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    expected = [method(model).attribute(ids, attention_mask=mask, layer=None) for method in (ALTI, AttentionNorm)]
+    monkeypatch.setattr(decomposition, "_compiled_distances", decomposition_triton.alti_distances)
+    monkeypatch.setattr(decomposition, "gpu_kernels", lambda device, module: decomposition_triton)
+    ours = [method(model).attribute(ids, attention_mask=mask, layer=None) for method in (ALTI, AttentionNorm)]
+    for result, reference in zip(ours, expected):
+        torch.testing.assert_close(result, reference, atol=1e-6, rtol=0)
