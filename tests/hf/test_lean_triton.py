@@ -209,10 +209,15 @@ def test_lean_methods_on_the_kernels_equal_the_torch_path(on_kernels, monkeypatc
 
 
 def test_blocks_sized_by_the_device(monkeypatch):
-    """The CPU keeps its cache-sized blocks; a GPU takes a share of its free memory, capped."""
+    """The CPU keeps its cache-sized blocks; a GPU takes a share of its free memory, capped; the
+    kernels write only fused rows, so their blocks hold H times the rows of the torch path's."""
     assert lean._block_bytes(torch.device("cpu")) == lean._BLOCK_BYTES
-    for free, expected in ((80 * 2**30, lean._GPU_BLOCK_BYTES), (4 * 2**30, 2**29), (2**20, lean._BLOCK_BYTES)):
-        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device, free=free: (free, 80 * 2**30))
-        assert lean._block_bytes(torch.device("cuda")) == expected
-    assert lean._kernels(torch.device("cpu")) is None
-    assert lean._kernels(torch.device("cuda")).__name__ == "captum_attnflow.hf.lean_triton"
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (80 * 2**30, 80 * 2**30))
+    assert lean._block_bytes(torch.device("cuda")) == lean._GPU_BLOCK_BYTES
+    assert lean._kernels(torch.device("cpu")) is None and lean._kernels(torch.device("cuda")) is lean_triton
+    query, key, _ = _inputs(n=4096, batch=1, heads=4, kv_heads=4)
+    scores = AttentionScores(query, key, None, 0.3, False)
+    _, torch_rows, torch_scratch = lean._plan(scores)
+    monkeypatch.setattr(lean, "_kernels", lambda device: lean_triton)
+    _, kernel_rows, kernel_scratch = lean._plan(scores)
+    assert kernel_rows == 4 * torch_rows and kernel_scratch == kernel_rows < torch_scratch

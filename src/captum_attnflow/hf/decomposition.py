@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from captum_attnflow.functional import decomposition
+from captum_attnflow.functional.kernels import block_bytes
 from captum_attnflow.hf.architectures import Architecture, architecture_of, layer_norm_parameters, projection_weight
 from captum_attnflow.hf.dispatch import onloaded
 from captum_attnflow.hf.inputs import reorder_tokens
@@ -28,8 +29,10 @@ from captum_attnflow.hf.internals import Internals, capture_internals
 from captum_attnflow.hf.models import owning_module
 
 # Zeroed variants of one layer run together in chunks of about this many hidden numbers
-# (4 D per token: the feed-forward's width).
+# (4 D per token: the feed-forward's width) on the CPU; on a GPU in chunks of a share of its
+# free memory, up to _GPU_VARIANT_BYTES, so that the n variants of a layer are a few launches.
 _VARIANT_NUMBERS = 2**24
+_GPU_VARIANT_BYTES = 2**32
 
 
 @dataclass
@@ -186,7 +189,8 @@ def _zeroing_map(architecture: Architecture, block: _Block, weights: _Weights) -
     attention_outputs = projection(context)
     outputs = architecture.after_attention(block.module, block.inputs, attention_outputs)
     projected = decomposition.projected_values(block.values, weights.output_weight)
-    chunk = max(1, _VARIANT_NUMBERS // (4 * batch * n * block.inputs.shape[-1]))
+    numbers = block_bytes(projected.device, 4 * _VARIANT_NUMBERS, _GPU_VARIANT_BYTES) // 4
+    chunk = max(1, numbers // (4 * batch * n * block.inputs.shape[-1]))
     distances = []
     for start in range(0, n, chunk):
         tokens = torch.arange(start, min(n, start + chunk), device=projected.device)

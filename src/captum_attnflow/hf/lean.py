@@ -42,7 +42,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from captum_attnflow.functional.kernels import gpu_kernels
+from captum_attnflow.functional.kernels import block_bytes, gpu_kernels
 from captum_attnflow.functional.mixing import fuse_heads
 from captum_attnflow.hf.models import hf_models
 from captum_attnflow.hf.state import exclusive, implementation, register_attention, uses_substituted_attention
@@ -57,9 +57,7 @@ _NAME = "captum_attnflow_lean"
 # more rows (K = d = 64 is short): at n = 4096 on 2 cores it takes 0.31 s a BERT-base layer in
 # 8 MiB blocks, 0.18 s in 48 MiB ones.
 _BLOCK_BYTES = 48 * 2**20
-# On a GPU a block takes this share of the memory free when it starts, up to _GPU_BLOCK_BYTES:
-# a layer is then a few large launches (thousands of small ones left the device idle between them).
-_GPU_FREE_SHARE = 8
+# On a GPU at most this (a share of its free memory: functional.kernels.block_bytes).
 _GPU_BLOCK_BYTES = 2**30
 
 
@@ -322,10 +320,7 @@ def _kernels(device: torch.device) -> ModuleType | None:
 def _block_bytes(device: torch.device) -> int:
     """Bytes a block of rows may take on ``device``: _BLOCK_BYTES on the CPU (its caches); on a
     GPU a share of the memory free now, at least _BLOCK_BYTES and at most _GPU_BLOCK_BYTES."""
-    if device.type != "cuda":
-        return _BLOCK_BYTES
-    free, _ = torch.cuda.mem_get_info(device)
-    return max(_BLOCK_BYTES, min(free // _GPU_FREE_SHARE, _GPU_BLOCK_BYTES))
+    return block_bytes(device, _BLOCK_BYTES, _GPU_BLOCK_BYTES)
 
 
 def _plan(scores: AttentionScores) -> tuple[ModuleType | None, int, int]:
