@@ -150,3 +150,126 @@ def test_every_method_on_a_model_dispatched_over_two_devices(arch, dtype, tmp_pa
             assert float((ours.cpu() - expected).abs().max() / expected.abs().max()) < 5e-2, method.__name__
     offloaded = [p.device.type for name, p in dispatched.named_parameters() if name.startswith(OFFLOADED[arch])]
     assert offloaded and set(offloaded) == {"meta"}  # the offloaded blocks are offloaded again
+
+
+# Every other method, float32 and bfloat16: on CUDA the lean blocks, the gradient-weighted maps,
+# ALTI's distances and the norms run in the Triton kernels (hf/lean_triton.py,
+# functional/decomposition_triton.py), value zeroing in chunks sized by the GPU's free memory.
+INTERNALS_METHODS = {"alti": "ALTI", "norms": "AttentionNorm", "value zeroing": "ValueZeroing",
+                     "gradient-weighted rollout": "GradientWeightedRollout", "attnlrp": "AttnLRP"}
+
+
+def _causal_lm(arch: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    config = CONFIGS[arch]()
+    config.initializer_range = 0.2  # maps far from uniform
+    return transformers.AutoModelForCausalLM.from_config(config).eval()
+
+
+def close_to_float32(ours: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, msg: str) -> None:
+    """float32 on CUDA: the CPU's numbers to 1e-5 (atol) and 1e-4 (rtol); bfloat16 weights: within
+    5e-2 of the largest score (the half-precision distance of tests/attr/test_half_precision.py)."""
+    assert ours.device.type == "cuda" and ours.dtype == torch.float32, msg
+    if dtype == torch.float32:
+        torch.testing.assert_close(ours.cpu(), expected, atol=1e-5, rtol=1e-4, msg=msg)
+    else:
+        assert float((ours.cpu() - expected).abs().max() / expected.abs().max()) < 5e-2, msg
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("arch", ["bert", "gpt2", "llama"])
+@pytest.mark.parametrize("method", sorted(INTERNALS_METHODS))
+def test_internals_and_gradient_methods_agree(method, arch, dtype):
+    import captum_attnflow
+
+    model = make_classifier() if arch == "bert" else _causal_lm(arch)
+    ids, mask = padded_batch(seed=6, batch=3, n=11)
+    last = mask.sum(1) - 1
+    explainer = getattr(captum_attnflow, INTERNALS_METHODS[method])
+    options = {"target": 1} if method in ("gradient-weighted rollout", "attnlrp") else {}
+    expected = explainer(model).attribute(ids, attention_mask=mask, position=last, layer=None, **options)
+    on_gpu = copy.deepcopy(model).to(DEVICE, dtype)
+    ours = explainer(on_gpu).attribute(
+        ids.to(DEVICE), attention_mask=mask.to(DEVICE), position=last.to(DEVICE), layer=None, **options
+    )
+    close_to_float32(ours, expected, dtype, f"{method} {arch}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_llm_wrapper_agrees(dtype):
+    from captum.attr import TextTokenInput
+
+    from captum_attnflow import AttentionRollout, GradientWeightedRollout, LLMAttentionAttribution
+    from captum_attnflow.models.language_model import build_lm_tokenizer
+
+    tokenizer = build_lm_tokenizer()
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, num_attention_heads=4,
+                                      num_key_value_heads=2, intermediate_size=64, num_hidden_layers=3,
+                                      max_position_embeddings=64, bos_token_id=2, eos_token_id=3, pad_token_id=0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    on_gpu = copy.deepcopy(model).to(DEVICE, dtype)
+    for method in (AttentionRollout, GradientWeightedRollout):
+        expected = LLMAttentionAttribution(method(model), tokenizer).attribute(
+            TextTokenInput("the keys to the cabinet", tokenizer), target="are .", show_progress=False
+        )
+        ours = LLMAttentionAttribution(method(on_gpu), tokenizer).attribute(
+            TextTokenInput("the keys to the cabinet", tokenizer), target="are .", show_progress=False
+        )
+        close_to_float32(ours.token_attr, expected.token_attr, dtype, method.__name__)
+
+
+def test_evaluator_agrees():
+    from captum_attnflow import ALTI, AttentionRollout, GradientWeightedRollout
+    from captum_attnflow.evaluate import Evaluator
+
+    model = make_classifier()
+    ids, mask = padded_batch(seed=7)
+    batch = {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor([0, 1, 2, 1])}
+
+    def evaluate(model, device):
+        methods = {"rollout": AttentionRollout(model), "alti": ALTI(model), "grad-rollout": GradientWeightedRollout(model)}
+        result = Evaluator(model, methods, {"saliency": TokenSaliency(model)}, show_progress=False).run(
+            [{key: value.to(device) for key, value in batch.items()}]
+        )
+        return result.scores
+
+    expected, ours = evaluate(model, torch.device("cpu")), evaluate(copy.deepcopy(model).to(DEVICE), DEVICE)
+    assert ours.keys() == expected.keys()
+    for key in expected:
+        torch.testing.assert_close(torch.as_tensor(ours[key]), torch.as_tensor(expected[key]), atol=1e-4, rtol=0, equal_nan=True,
+                                   msg=str(key))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["padded", "causal"])
+def test_kernels_equal_the_torch_path_at_size(dtype, causal, monkeypatch):
+    """The compiled kernels at BERT-like and Llama-like head counts, n = 1000 (many tiles), in
+    row blocks, against the torch path on the same device (TF32 off, torch's default)."""
+    from captum_attnflow.hf import lean
+    from captum_attnflow.hf.lean import AttentionScores, fused_blocks
+
+    generator = torch.Generator().manual_seed(0)
+    heads, kv_heads = (12, 12) if not causal else (32, 8)
+    query = torch.randn(2, heads, 1000, 64, generator=generator).to(DEVICE, dtype)
+    key = torch.randn(2, kv_heads, 1000, 64, generator=generator).to(DEVICE, dtype)
+    grad_output = torch.randn(2, heads, 1000, 64, generator=generator).to(DEVICE, dtype)
+    value = torch.randn(2, kv_heads, 1000, 64, generator=generator).to(DEVICE, dtype)
+    mask = None
+    if not causal:
+        mask = torch.ones(2, 1, 1, 1000, dtype=torch.bool, device=DEVICE)
+        mask[1, ..., 900:] = False
+    scores = AttentionScores(query, key, mask, 0.125, causal)
+
+    def whole(gradient):
+        out = torch.zeros(2, 1000, 1000, device=DEVICE)
+        for start, stop, block in fused_blocks(scores, "mean", gradient=gradient):
+            out[:, start:stop, : block.shape[-1]] = block
+        return out
+
+    assert lean._kernels(DEVICE) is not None, "triton ships with torch's CUDA builds"
+    results = {gradient: whole(gradient) for gradient in (None, (grad_output, value))}
+    monkeypatch.setattr(lean, "_kernels", lambda device: None)
+    for gradient, ours in results.items():
+        tolerance = dict(atol=1e-6, rtol=1e-5) if dtype == torch.float32 else dict(atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(ours, whole(gradient), **tolerance)
