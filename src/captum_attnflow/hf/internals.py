@@ -105,6 +105,7 @@ def capture_internals(
     attention_mask: Tensor | None = None,
     gradients: bool = False,
     blocks: list[nn.Module] | None = None,
+    after_block: Callable[[Internals], None] | None = None,
 ) -> Internals:
     """Run ``forward_func`` once and keep its attention internals (see :class:`Internals`).
 
@@ -123,6 +124,9 @@ def capture_internals(
             are in one graph (``torch.autograd.grad(score, internals.probabilities)``, which
             touches no parameter's ``.grad``), also when the model's parameters are frozen.
         blocks: transformer blocks whose inputs to keep (:func:`~captum_attnflow.hf.architectures.architecture_of`).
+        after_block: called with the internals each time one of ``blocks`` has run (its input,
+            probabilities and values the last kept), e.g. to use a layer's probabilities and
+            drop them before the next layer makes its own.
 
     Returns:
         Internals: one entry per attention call, in call order.
@@ -130,7 +134,7 @@ def capture_internals(
     module, call, order, _ = prepared_call(forward_func, inputs, additional_forward_args, attention_mask)
     internals = Internals(order=order)
     register_attention(_NAME, _internals_attention, eager_mask)  # the additive masks eager attention gets
-    with unchanged(module), _recording(module, internals, blocks or []), implementation(module, _NAME):
+    with unchanged(module), _recording(module, internals, blocks or [], after_block), implementation(module, _NAME):
         with torch.set_grad_enabled(gradients):
             internals.output = call()
     if not internals.probabilities:
@@ -169,14 +173,19 @@ def prepared_call(
 
 
 @contextlib.contextmanager
-def _recording(module: nn.Module, internals: Internals, blocks: list[nn.Module]) -> Iterator[None]:
-    """Route every submodule's attention calls to ``internals`` and hook the blocks' inputs for the block."""
+def _recording(
+    module: nn.Module, internals: Internals, blocks: list[nn.Module], after_block: Callable[[Internals], None] | None
+) -> Iterator[None]:
+    """Route every submodule's attention calls to ``internals`` and hook the blocks' inputs (and
+    ``after_block`` after each block) for the block."""
 
     def keep_input(block: nn.Module, args: tuple, kwargs: dict) -> None:
         internals.block_inputs.append((args[0] if args else kwargs["hidden_states"]).detach())
 
     modules = list(module.modules())
     handles = [block.register_forward_pre_hook(keep_input, with_kwargs=True) for block in blocks]
+    if after_block is not None:
+        handles += [block.register_forward_hook(lambda *_: after_block(internals)) for block in blocks]
     try:
         for submodule in modules:
             _CAPTURES[submodule] = internals
