@@ -33,12 +33,12 @@ def _token_distances(
     BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
     NORMS: tl.constexpr, CENTRED: tl.constexpr,
 ):
-    """Grid (row tiles, n tokens j, B): ``out[b, i, j]`` for the tile's rows i. ALTI
+    """Grid (n tokens j, row tiles, B): ``out[b, i, j]`` for the tile's rows i. ALTI
     (``NORMS`` False): the L1 distance, +inf where i != j and no head attends; norms: the squared
     L2 norm of the weighted projected values."""
-    j = tl.program_id(1)
-    b = tl.program_id(2)
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    j = tl.program_id(0).to(tl.int64)  # 64-bit offsets: B n^2 and B H n D pass 2^31 at long inputs
+    b = tl.program_id(2).to(tl.int64)
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < n
     hs = tl.arange(0, BLOCK_H)
     weights = tl.load(
@@ -91,7 +91,7 @@ def _launch(probabilities, projected, inputs, outputs, scale, norms):
         inputs, outputs = inputs.float().contiguous(), outputs.float().contiguous()
         scale = scale.float().contiguous() if centred else outputs
         f_means, x_means = projected.mean(-1).contiguous(), inputs.mean(-1).contiguous()
-    _token_distances[(triton.cdiv(n, block_m), n, batch)](
+    _token_distances[(n, triton.cdiv(n, block_m), batch)](  # n on the first axis, the one without a 65535 limit
         probabilities, projected, inputs, outputs, scale, f_means, x_means, out,
         n, heads, size, *probabilities.stride(), *projected.stride(),
         BLOCK_M=block_m, BLOCK_H=max(16, triton.next_power_of_2(heads)), BLOCK_K=block_k,

@@ -80,7 +80,7 @@ def _scores(
 @triton.jit
 def _row_positions(rows_ptr, start, b, block, n_rows, stride_rb, BLOCK_M: tl.constexpr, ROWS: tl.constexpr):
     """The query positions of rows ``block * BLOCK_M ...`` of the block and which of them exist."""
-    index = block * BLOCK_M + tl.arange(0, BLOCK_M)
+    index = block.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = index < n_rows
     if ROWS:
         rows = tl.load(rows_ptr + b * stride_rb + index, mask=row_ok, other=0)
@@ -102,7 +102,7 @@ def _row_statistics(
 ):
     """Row maximum and sum of exponentials of one head's scores, rows of a BLOCK_M tile, over
     all keys: (B, H, R) each, for grid (row tiles, B * H)."""
-    bh = tl.program_id(1)
+    bh = tl.program_id(1).to(tl.int64)  # 64-bit offsets: a (B, n, n) map passes 2^31 numbers at B n^2
     b, h = bh // heads, bh % heads
     rows, row_ok = _row_positions(rows_ptr, start, b, tl.program_id(0), n_rows, stride_rb, BLOCK_M, ROWS)
     hi = n_keys
@@ -144,7 +144,7 @@ def _fused_probabilities(
     """One (BLOCK_M rows, BLOCK_N keys) tile of the head-fused probabilities, every head's
     probabilities recomputed from the row statistics and fused in registers; grid (row tiles,
     key tiles, B)."""
-    b = tl.program_id(2)
+    b = tl.program_id(2).to(tl.int64)  # 64-bit offsets: a (B, n, n) map passes 2^31 numbers at B n^2
     rows, row_ok = _row_positions(rows_ptr, start, b, tl.program_id(0), n_rows, stride_rb, BLOCK_M, ROWS)
     keys = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     if FUSION == 2:
@@ -193,9 +193,9 @@ def _fused_probabilities(
             fused = fused / heads
     else:
         fused = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    index = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # the rows' places in ``out``
     tl.store(
-        out_ptr + b * stride_ob + tl.arange(0, BLOCK_M)[:, None] * stride_or
-        + (tl.program_id(0) * BLOCK_M) * stride_or + keys[None, :] * stride_ok,
+        out_ptr + b * stride_ob + index[:, None] * stride_or + keys[None, :] * stride_ok,
         fused, mask=row_ok[:, None] & (keys[None, :] < n_keys),
     )
 
