@@ -18,13 +18,12 @@ from captum_attnflow.attr.llm_result import LLMAttentionAttributionResult
 from captum_attnflow.attr.raw_attention import RawAttention
 from captum_attnflow.attr.rollout import AttentionRollout
 from captum_attnflow.attr.value_zeroing import ValueZeroing
-from captum_attnflow.extraction import extract_attentions
 from captum_attnflow.functional.encoder_decoder import (
     encoder_decoder_flow,
     encoder_decoder_raw_attention,
     encoder_decoder_rollout,
 )
-from captum_attnflow.hf import input_device, seq2seq_attentions
+from captum_attnflow.hf import extract_attentions, input_device, seq2seq_attentions
 
 try:  # transformers is a dependency, but keep the import error readable
     from transformers import PreTrainedModel
