@@ -99,7 +99,7 @@ def test_causal_rows_are_the_single_position_attributions(causal_lm, tokenizer, 
 def test_one_forward_pass_for_all_output_tokens(tokenizer):
     model = make_lm("gpt2", len(tokenizer))
     calls = []
-    handle = model.register_forward_hook(lambda *args: calls.append(1))
+    handle = model.transformer.register_forward_hook(lambda *args: calls.append(1))  # the layers run once
     try:
         LLMAttentionAttribution(AttentionRollout(model), tokenizer).attribute(PROMPT, target="are . that the")
     finally:

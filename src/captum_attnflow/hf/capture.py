@@ -165,8 +165,12 @@ def _lean_graph(
     if attention_mask is not None:
         attention_mask = torch.as_tensor(attention_mask).to(inputs.device)
     run_inputs, args, kwargs, order = real_tokens_first_call(inputs, args, attention_mask)
+    # The attention does not depend on the head: without positional arguments (which the base
+    # model may order otherwise) the base model runs alone, so a language model computes no
+    # (B, n, V) logits (its largest tensor, and a fifth of GPT-2-small's forward at n = 4096).
+    runner = model if args else model.base_model
     with torch.no_grad(), unchanged(model), lean_capture(model, head_fusion, inputs.device) as capture:
-        model(run_inputs, *args, **kwargs)
+        runner(run_inputs, *args, **kwargs)
     if not capture.complete:
         return None
     batch, n = attention_mask.shape if attention_mask is not None else capture.layers[0].query.shape[0::2]
