@@ -97,7 +97,8 @@ def bert_table(sizes: list[int], device: torch.device, smoke: bool) -> None:
         torch.manual_seed(0)
         geometry = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64) if smoke else {}
         config = transformers.BertConfig(max_position_embeddings=n, num_labels=2, **geometry)
-        model = transformers.BertForSequenceClassification(config).to(device).eval()
+        with device:  # initialised where it runs
+            model = transformers.BertForSequenceClassification(config).eval()
         ids = torch.randint(1000 if not smoke else 5, config.vocab_size, (1, n), device=device)
         table = Table(
             f"BERT-base geometry (L={config.num_hidden_layers}, H={config.num_attention_heads}, hidden "
@@ -143,7 +144,8 @@ def llama_table(tokens: int, device: torch.device, smoke: bool) -> None:
             tie_word_embeddings=True, bos_token_id=128000, eos_token_id=128001,
         )
     dtype = torch.bfloat16
-    model = transformers.LlamaForCausalLM(config).to(device=device, dtype=dtype).eval()
+    with device:  # initialised where it runs (1.2 billion random weights)
+        model = transformers.LlamaForCausalLM(config).to(dtype).eval()
     tokenizer = word_tokenizer(config.vocab_size)
     ids = torch.randint(5, config.vocab_size, (tokens + 1,))
     prompt = " ".join(f"t{i}" for i in ids[:tokens].tolist())

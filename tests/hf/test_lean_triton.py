@@ -173,6 +173,22 @@ def test_soft_capped_scores():
     torch.testing.assert_close(out, expected, atol=1e-6, rtol=0)
     uncapped = run_kernel(query, key, mask, 0.9, False, "mean", torch.empty(2, 37, 37))
     assert (uncapped - expected).abs().max() > 1e-2  # the cap changes the maps
+    capped = AttentionScores(query, key, mask, 0.9, False, 2.0)  # the torch path's cap, as a capture keeps it
+    torch.testing.assert_close(_torch_path(capped, "mean"), expected, atol=1e-6, rtol=0)
+
+
+def test_the_dispatch_passes_every_score_term(on_kernels, monkeypatch):
+    """fused_blocks and fused_rows on the kernels read the capture's soft-cap and causality."""
+    query, key, allowed = _inputs(n=20)
+    positions = torch.tensor([[0, 19], [7, 3]])
+    for scores in (AttentionScores(query, key, allowed[:, None, None], 0.9, False, 2.0),
+                   AttentionScores(query, key, None, 0.9, True, 1.5)):
+        ours = _torch_path(scores, "mean"), fused_rows(scores, "mean", positions, torch.empty(2, 2, 20))
+        monkeypatch.setattr(lean, "_kernels", lambda device: None)
+        expected = _torch_path(scores, "mean"), fused_rows(scores, "mean", positions, torch.empty(2, 2, 20))
+        monkeypatch.setattr(lean, "_kernels", lambda device: lean_triton)
+        for result, reference in zip(ours, expected):
+            torch.testing.assert_close(result, reference, atol=1e-6, rtol=0)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on CUDA tests/test_gpu.py compares the methods with the CPU")

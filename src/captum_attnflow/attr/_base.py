@@ -16,14 +16,14 @@ from captum_attnflow.hf import as_tuple, capture_graph, check_token_ids, lift_ma
 _CONSTRUCTOR_DOC = """Args:
         forward_func: a Hugging Face model, an ``nn.Module`` wrapping one, or a callable
             ``forward_func(inputs, *additional_forward_args)`` returning attentions
-            (see :func:`captum_attnflow.extraction.extract_attentions`). The model is left
+            (see :func:`captum_attnflow.hf.extract_attentions`). The model is left
             as it was: attention implementation, eval mode and hooks change only for the
             duration of a call, and calls from several threads on one model run one at a time.
         lean: how attention is captured. None (default): layer by layer, each layer reduced
             to its head-fused (B, n, n) matrix during the forward while the model keeps its own
             attention implementation, for the model types where that applies
-            (:data:`captum_attnflow.hf.lean.LEAN_MODEL_TYPES`: BERT, RoBERTa, DistilBERT,
-            GPT-2, Llama-style, ViT, ...; not for ``head=`` results), else eager attention with
+            (:data:`captum_attnflow.hf.lean.LEAN_MODEL_TYPES`: BERT, RoBERTa, ModernBERT,
+            GPT-2, Llama, Qwen, Gemma, Phi-3, Pythia, ViT, ...; not for ``head=`` results), else eager attention with
             every layer's maps stored. True requires the lean path, False always stores the maps.
             Both give the same results to 1e-6; the lean path needs H times less memory."""
 
