@@ -16,7 +16,9 @@ recomputed when a method asks for that layer, in blocks of rows whose heads are 
 (grouped-query heads repeated): rollout walks the layers top-down multiplying its rows by each
 layer block by block (the (B, n, n) layer is never written out; of the top layer only the
 explained rows are computed), raw attention computes only the rows it returns, flow builds the
-L·n² fused graph; the per-head maps never exist whole.
+L·n² fused graph; the per-head maps never exist whole. The blocks are sized for the device (the
+CPU's caches, or a share of a GPU's free memory), and on a CUDA device they run in the Triton
+kernels of :mod:`captum_attnflow.hf.lean_triton`, which keep every head's scores on chip.
 
 It applies to models whose attention goes through the interface with queries, keys, a mask
 from transformers' mask functions (sliding windows included), a scaling factor and optionally
