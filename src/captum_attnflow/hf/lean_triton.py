@@ -34,6 +34,8 @@ _FUSIONS = {"mean": 0, "max": 1, "min": 2}
 # Query rows and keys of a tile (halved rows for heads larger than 64).
 _TILE = (64, 64)
 _NO_MASK, _BOOL_MASK, _ADDITIVE_MASK = 0, 1, 2
+# What the tiles multiply in the queries' own dtype; others (float64) are made float32 first.
+_TILE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 @triton.jit
@@ -235,6 +237,9 @@ def fused_probabilities(
     Returns:
         Tensor: ``out``.
     """
+    if query.dtype not in _TILE_DTYPES:  # float64: computed in float32, as the torch path computes it
+        query, key = query.float(), key.float()
+        gradient = None if gradient is None else (gradient[0].float(), gradient[1].float())
     batch, heads, n, head_dim = query.shape
     count, width = out.shape[1], out.shape[2]
     block_d = max(16, triton.next_power_of_2(head_dim))
