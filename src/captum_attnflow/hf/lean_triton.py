@@ -144,18 +144,21 @@ def _fused_probabilities(
     UPCAST: tl.constexpr, FUSION: tl.constexpr, GRADIENT: tl.constexpr,
 ):
     """One (BLOCK_M rows, BLOCK_N keys) tile of the head-fused probabilities, every head's
-    probabilities recomputed from the row statistics and fused in registers; grid (row tiles,
-    key tiles, B)."""
+    probabilities recomputed from the row statistics and fused in registers; grid (key tiles,
+    row tiles, B)."""
     b = tl.program_id(2).to(tl.int64)  # 64-bit offsets: a (B, n, n) map passes 2^31 numbers at B n^2
-    rows, row_ok = _row_positions(rows_ptr, start, b, tl.program_id(0), n_rows, stride_rb, BLOCK_M, ROWS)
-    keys = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    # Key tiles vary fastest, so the programs running together share their rows' queries (in L2)
+    # and stream the keys: rows fastest would read every query tile from memory once per key tile.
+    key_tile, row_tile = tl.program_id(0), tl.program_id(1)
+    rows, row_ok = _row_positions(rows_ptr, start, b, row_tile, n_rows, stride_rb, BLOCK_M, ROWS)
+    keys = key_tile * BLOCK_N + tl.arange(0, BLOCK_N)
     if FUSION == 2:
         fused = tl.full((BLOCK_M, BLOCK_N), float("inf"), tl.float32)
     else:
         fused = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     seen = True
     if CAUSAL:  # a tile wholly after the rows' positions is 0 for every head
-        seen = tl.program_id(1) * BLOCK_N <= tl.max(tl.where(row_ok, rows, 0), 0)
+        seen = key_tile * BLOCK_N <= tl.max(tl.where(row_ok, rows, 0), 0)
     if seen:
         dims = tl.arange(0, BLOCK_D)
         for h in range(0, heads):
@@ -165,7 +168,7 @@ def _fused_probabilities(
                 stride_mb, stride_mh, stride_mq, stride_mk, head_dim, scaling, softcap,
                 BLOCK_D, MASK, CAUSAL, SOFTCAP, PRECISION, UPCAST,
             )
-            offset = (b * heads + h) * n_rows + tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+            offset = (b * heads + h) * n_rows + row_tile * BLOCK_M + tl.arange(0, BLOCK_M)
             m_i = tl.load(max_ptr + offset, mask=row_ok, other=0.0)
             l_i = tl.load(sum_ptr + offset, mask=row_ok, other=0.0)
             shift = tl.where(m_i == float("-inf"), 0.0, m_i)
@@ -195,7 +198,7 @@ def _fused_probabilities(
             fused = fused / heads
     else:
         fused = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    index = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # the rows' places in ``out``
+    index = row_tile.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # the rows' places in ``out``
     tl.store(
         out_ptr + b * stride_ob + index[:, None] * stride_or + keys[None, :] * stride_ok,
         fused, mask=row_ok[:, None] & (keys[None, :] < n_keys),
@@ -271,7 +274,7 @@ def fused_probabilities(
         query, key, mask_arg, rows_arg, row_max, row_sum, **common, **_named(strides, _STAT_STRIDES), **flags
     )
     grad_output, value = gradient if gradient is not None else (query, key)
-    _fused_probabilities[(row_tiles, triton.cdiv(width, block_n), batch)](
+    _fused_probabilities[(triton.cdiv(width, block_n), row_tiles, batch)](
         query, key, mask_arg, rows_arg, row_max, row_sum, out, grad_output, value, **common,
         **_named(strides, _STAT_STRIDES), **_named((*out.stride(), *grad_output.stride(), *value.stride()), _OUT_STRIDES),
         **flags, FUSION=_FUSIONS[head_fusion], GRADIENT=gradient is not None,
