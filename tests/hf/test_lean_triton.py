@@ -116,6 +116,17 @@ def test_tiles_smaller_than_the_map(monkeypatch):
         torch.testing.assert_close(out, expected, atol=1e-6, rtol=0, msg=name)
 
 
+def test_causal_with_a_mask_skips_later_keys_and_equals_the_torch_path():
+    """A padded decoder: causality and a padding mask together (the tiles after the rows skipped)."""
+    query, key, allowed = _inputs(n=70)
+    mask = allowed[:, None, None] & torch.ones(70, 70, dtype=torch.bool).tril()
+    scores = AttentionScores(query, key, mask, 0.3, False)
+    assert scores.attends_causally
+    out = torch.full((2, 70, 70), float("nan"))
+    run_kernel(query, key, mask, 0.3, True, "mean", out)
+    torch.testing.assert_close(out, _torch_path(scores, "mean"), atol=1e-6, rtol=0)
+
+
 def test_kernel_writes_a_view_of_rows_and_keys():
     """A block start..stop over the first w keys, into a strided view of a larger map."""
     query, key, _ = _inputs(n=40, heads=2, kv_heads=1, dim=20)  # head size 20: padded to 32 in the tile

@@ -375,8 +375,9 @@ def fused_blocks(
         elif kernels is not None:
             block = scratch[: batch * (stop - start) * width].view(batch, stop - start, width)
         if kernels is not None:  # each head's scores stay on chip: the fused block is all that is written
-            kernels.fused_probabilities(
-                query, key, mask, scaling, causal, head_fusion, block, start, gradient=gradient, softcap=scores.softcap
+            kernels.fused_probabilities(  # a padded decoder's tiles after the rows are skipped too
+                query, key, mask, scaling, keys_seen_causally, head_fusion, block, start, gradient=gradient,
+                softcap=scores.softcap,
             )
             yield start, stop, block
             start = stop

@@ -229,7 +229,9 @@ def fused_probabilities(
             head h reads key head h // (H / H_kv)), both in the model's dtype.
         mask: None or transformers' 4-D mask, bool (True = attend) or additive, any shape
             broadcastable to (B, 1 or H, n, n_k).
-        scaling: :math:`s`; ``causal``: without a mask, key j is allowed for query i iff j <= i.
+        scaling: :math:`s`; ``causal``: no query sees a later key (key j is allowed for query i
+            only if j <= i, besides the mask, which then allows no more): the key tiles after a
+            tile's last row are skipped.
         head_fusion: ``"mean"``, ``"max"`` or ``"min"``.
         out: (B, R, w) float32, any strides (a view into a larger (B, n, n) map).
         start: the rows are ``start .. start + R``, or ``rows`` (B, R) positions if given.
@@ -261,7 +263,7 @@ def fused_probabilities(
     )
     strides = (*query.stride(), *key.stride(), *_strides(mask, 4), 0 if rows is None else rows.stride(0))
     flags = dict(
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, MASK=kind, CAUSAL=causal and mask is None,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, MASK=kind, CAUSAL=causal,
         SOFTCAP=softcap is not None, ROWS=rows is not None, PRECISION=precision,
         # Triton's interpreter (CPU tensors) multiplies bfloat16 tiles wrongly: there the tiles are
         # made float32 first, which gives the same products (those of two bfloat16 numbers are exact).
