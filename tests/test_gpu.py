@@ -273,3 +273,29 @@ def test_kernels_equal_the_torch_path_at_size(dtype, causal, monkeypatch):
     for gradient, ours in results.items():
         tolerance = dict(atol=1e-6, rtol=1e-5) if dtype == torch.float32 else dict(atol=1e-5, rtol=1e-4)
         torch.testing.assert_close(ours, whole(gradient), **tolerance)
+
+
+@pytest.mark.parametrize("post_norm", [False, True], ids=["pre-LN", "post-LN"])
+def test_decomposition_kernels_equal_the_torch_path_at_size(post_norm):
+    """ALTI's distances and the norms compiled, BERT-base's 12 heads and D = 768, n = 300 (several
+    row tiles and feature chunks), padding keys, against the torch path's row blocks on CUDA."""
+    from captum_attnflow.functional import decomposition, decomposition_triton
+
+    generator = torch.Generator().manual_seed(0)
+    scores = torch.randn(2, 12, 300, 300, generator=generator)
+    scores[1, :, :, 250:] = float("-inf")
+    probabilities = torch.softmax(scores, -1).to(DEVICE)
+    values, weight = torch.randn(2, 12, 300, 64, generator=generator), torch.randn(768, 768, generator=generator) / 30
+    projected = decomposition.projected_values(values.to(DEVICE), weight.to(DEVICE))
+    inputs = torch.randn(2, 300, 768, generator=generator).to(DEVICE)
+    outputs = inputs + torch.randn(2, 300, 768, generator=generator).to(DEVICE)
+    scale = (torch.rand(2, 300, 768, generator=generator) + 0.5).to(DEVICE) if post_norm else None
+    expected = torch.cat([decomposition._distances(probabilities, projected, inputs, outputs, scale, rows)
+                          for rows in decomposition._row_blocks(2, 300, 768)], 1)
+    ours = decomposition_triton.alti_distances(probabilities, projected, inputs, outputs, scale)
+    assert torch.equal(torch.isinf(ours), torch.isinf(expected))
+    finite = torch.isfinite(expected)
+    torch.testing.assert_close(ours[finite], expected[finite], atol=1e-3, rtol=1e-5)
+    norms = torch.cat([decomposition.transformed_vectors(probabilities, projected, rows).norm(dim=-1)
+                       for rows in decomposition._row_blocks(2, 300, 768)], 1)
+    torch.testing.assert_close(decomposition_triton.norms(probabilities, projected), norms, atol=1e-5, rtol=1e-5)
