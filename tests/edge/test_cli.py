@@ -10,6 +10,7 @@ import subprocess
 
 import pytest
 import torch
+from matplotlib.figure import Figure
 
 from transformers import BertConfig, BertForSequenceClassification, BertModel, BertTokenizerFast
 
@@ -100,6 +101,23 @@ def test_explain_all_methods_at_one_layer(model_dir, tmp_path, capsys):
                                   "value_zeroing", "L3", "alti", "L3", "norm", "L3", "saliency", "blankout", "attnlrp"]
     assert all(len(values) == 10 for occurrences in _table(printed).values() for values in occurrences)
     assert out.read_bytes().startswith(b"\x89PNG")
+
+
+def test_explain_draws_signed_methods_centred_at_zero(model_dir, tmp_path, monkeypatch, capsys):
+    """AttnLRP and blank-out can score a token below 0: their panels use a diverging scale whose
+    white is 0; the attention methods keep the sequential one from their smallest value."""
+    drawn = []
+    monkeypatch.setattr(Figure, "savefig", lambda figure, *args, **kwargs: drawn.append(figure))
+    assert main(["explain", SENTENCE, "--layer", "2", "--out", str(tmp_path / "x.png"), "--model", str(model_dir)]) == 0
+    scales = {ax.get_title(): ax.images[0] for ax in drawn[0].axes if ax.images}
+    assert len(scales) == 10
+    for name, image in scales.items():
+        low, high = image.get_clim()
+        values = image.get_array()
+        if name in ("attnlrp", "blankout"):
+            assert image.get_cmap().name == "RdBu_r" and low == -high == -abs(values).max(), name
+        else:
+            assert image.get_cmap().name == "Blues" and (low, high) == (values.min(), values.max()), name
 
 
 @pytest.mark.parametrize("method", ["rollout", "flow"])

@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         result = result.aggregate_words(tokenizer(args.sentence), args.words, text=args.sentence)
     print(_score_table(result.tokens, result.scores, labels))
     figure = plot_methods(result.scores, result.tokens, title=f'"{args.sentence}": {prediction}', layer_labels=labels,
-                          value_labels=common.VALUE_LABELS)
+                          value_labels=common.VALUE_LABELS, signed=[name for name in result.scores if METHODS[name].signed])
     figure.savefig(out, dpi=120)
     print(f"heatmap written to {out}")
     common.write_html(result, args.html)

@@ -47,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
                        value_labels=common.VALUE_LABELS).savefig(first, dpi=120)
     second = out / "figures2_3.png"
     plot_methods({name: values[:, 0] for name, values in maps.items()}, tokens,
-                 title=f"Figures 2-3: {tokens[0]} over layers, {quoted}", value_labels=common.VALUE_LABELS).savefig(second, dpi=120)
+                 title=f"Figures 2-3: {tokens[0]} over layers, {quoted}", value_labels=common.VALUE_LABELS,
+                 signed=[name for name in maps if METHODS[name].signed]).savefig(second, dpi=120)
     print(f"prediction: {prediction}")
     print(f"written: {first}, {second}")
     return 0
