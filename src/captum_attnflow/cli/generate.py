@@ -19,8 +19,8 @@ DEFAULT_GENERATION_HEATMAP = Path("captum_attnflow_generate.png")
 HELP = "explain a language model's continuation of a prompt"
 DESCRIPTION = (
     "Continue PROMPT greedily (or take --target) with the bundled agreement language model or a Hugging "
-    "Face causal LM / encoder-decoder (a directory, or a name in the local cache), print each prompt token's score for every output token and "
-    "write the output-tokens x prompt-tokens heatmap (Captum's plot_token_attr)."
+    "Face causal LM / encoder-decoder (a directory, or a name in the local cache), print each prompt token's "
+    "score for every output token and write the output-tokens x prompt-tokens heatmap (Captum's plot_token_attr)."
 )
 
 
