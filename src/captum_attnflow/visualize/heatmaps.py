@@ -63,10 +63,10 @@ def plot_layer_heatmap(
         >>> fig = plot_layer_heatmap(torch.rand(6, 4), ["[CLS]", "the", "keys", "to"], title="rollout")
         >>> len(fig.axes), fig.axes[0].images[0].get_cmap().name
         (2, 'Blues')
-        >>> fig = plot_layer_heatmap(torch.tensor([0.1, -0.9, 0.4, 0.2]), ["[CLS]", "the", "keys", "to"])
+        >>> fig = plot_layer_heatmap(torch.tensor([0.125, -0.5, 0.25, 0.0]), ["[CLS]", "the", "keys", "to"])
         >>> image = fig.axes[0].images[0]  # AttnLRP-like relevance: white at 0
         >>> image.get_cmap().name, image.get_clim()
-        ('RdBu_r', (-0.9, 0.9))
+        ('RdBu_r', (-0.5, 0.5))
     """
     values = as_layers(scores, "scores")
     num_layers, n = values.shape
