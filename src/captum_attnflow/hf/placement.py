@@ -6,13 +6,15 @@ several, and the dtype of its weights.
 the bundled models' loaders) into a ``from_pretrained`` call: names are checked before any
 weight is read, a CUDA or MPS device that this torch cannot see is refused with the fix, and
 ``device="auto"`` takes the first CUDA device when there is one (None keeps the CPU, as
-``from_pretrained`` does). The methods then read the
+``from_pretrained`` does); under ``accelerate launch`` or ``torchrun``, ``"auto"`` and ``"cuda"``
+take each process's own GPU (``LOCAL_RANK``), as transformers does. The methods then read the
 model where it is: inputs go to :func:`~captum_attnflow.hf.input_device` (see
 docs/large-models.md for models spread over several devices).
 """
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -32,7 +34,8 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     Args:
         device: ``"cpu"`` (or None), ``"cuda"``, ``"cuda:N"``, ``"mps"``, a
             :class:`torch.device`, or ``"auto"``: the first CUDA device when torch sees one,
-            else the CPU.
+            else the CPU. ``"auto"`` and ``"cuda"`` mean ``cuda:LOCAL_RANK`` in a process
+            started by ``accelerate launch`` or ``torchrun`` (one GPU per process).
 
     Raises:
         ValueError: an unknown name, or a CUDA / MPS device this machine or this build of
@@ -48,7 +51,7 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     if device is None:
         return torch.device("cpu")
     if device == "auto":
-        return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     if not isinstance(device, torch.device):
         if not isinstance(device, str) or not _DEVICE.fullmatch(device):
             raise ValueError(f"unknown device {device!r}; use auto, cpu, cuda, cuda:N or mps.")
@@ -61,9 +64,10 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
                 f"device {str(device)!r}: torch sees no CUDA device (torch {torch.__version__}, {build}); "
                 "use device 'cpu', or install the CUDA build of torch on a machine with an NVIDIA GPU."
             )
-        if device.index is not None and device.index >= count:
-            raise ValueError(f"device {str(device)!r}: torch sees {count} CUDA device(s), cuda:0..cuda:{count - 1}.")
-        return torch.device("cuda", device.index or 0)
+        index = int(os.environ.get("LOCAL_RANK", 0)) if device.index is None else device.index
+        if index >= count:
+            raise ValueError(f"device {str(device)!r}: torch sees {count} CUDA device(s), cuda:0..cuda:{count - 1} (asked for cuda:{index}).")
+        return torch.device("cuda", index)
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise ValueError("device 'mps': this machine or this build of torch has no MPS (Apple GPU) backend; use 'cpu'.")
     return device
