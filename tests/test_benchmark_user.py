@@ -82,12 +82,12 @@ def _ranks(out: Path) -> list[tuple[str, ...]]:
 
 def test_device_and_dtype_options_place_the_model_and_keep_the_ranks(classifier_dir, tmp_path):
     data = _csv(tmp_path / "rows.csv", [{"text": t} for t in TEXTS])
-    common = ["benchmark", "--model", str(classifier_dir), "--data", str(data), "--methods", "rollout", "saliency",
-              "random", "--no-progress"]
+    common = ["benchmark", "--model", str(classifier_dir), "--data", str(data), "--methods", "rollout", "random",
+              "--no-progress"]
     assert main([*common, "--out", str(tmp_path / "default")]) == 0
     assert main([*common, "--device", "cpu", "--dtype", "float32", "--out", str(tmp_path / "cpu")]) == 0
     ranks = _ranks(tmp_path / "cpu")
-    assert len(ranks) > 6 and ranks == _ranks(tmp_path / "default")
+    assert len(ranks) > 4 and ranks == _ranks(tmp_path / "default")
     model, _ = load_model(classifier_dir, device="cpu", dtype="bfloat16")
     assert (model.device, model.dtype) == (torch.device("cpu"), torch.bfloat16)
     agreement, _ = TASKS["agreement"].load(2, 0, device="cpu", dtype="float16")[:2]

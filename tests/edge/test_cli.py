@@ -159,7 +159,7 @@ def test_explain_default_model_and_path(tmp_path, monkeypatch, capsys):
     [
         (["explain", SENTENCE, "--layer", "7"], "--layer 7 is out of range: the model has layers 1..6"),
         (["explain", "   "], "the sentence has no words"),
-        (["explain", SENTENCE, "--model", "/nonexistent/model"], "no such directory (/nonexistent/model), and no model"),
+        (["explain", SENTENCE, "--model", "/nonexistent/model"], "no directory /nonexistent/model, and no model"),
     ],
 )
 def test_explain_errors_are_clear(arguments, message, model_dir, tmp_path, capsys):

@@ -66,7 +66,7 @@ def test_a_hub_name_in_the_local_cache_explains_as_its_directory(saved_model, tm
     assert _table(capsys.readouterr().out) == from_directory
     assert main([*common, "--model", "someone/elsewhere"]) == 1
     error = capsys.readouterr().err
-    assert f"no such directory ({Path('someone/elsewhere').absolute()})" in error
+    assert f"no directory {Path('someone/elsewhere').absolute()}," in error
     assert f"no model 'someone/elsewhere' with a config.json in the local Hugging Face cache ({tmp_path / 'hub'}" in error
 
 
@@ -88,7 +88,7 @@ def test_the_cache_is_found_where_the_environment_puts_it_offline(saved_model, t
     assert Path(found.stdout.strip()) == snapshot
     missing = subprocess.run([sys.executable, "-c", script, "gpt2"], env=env, cwd=tmp_path,
                              capture_output=True, text=True, timeout=120)
-    assert f"--model gpt2: no such directory ({tmp_path / 'gpt2'}), and no model 'gpt2'" in missing.stderr
+    assert f"--model gpt2: no directory {tmp_path / 'gpt2'}, and no model 'gpt2'" in missing.stderr
     assert f"local Hugging Face cache ({cache}, looked up offline)" in missing.stderr
 
 

@@ -93,7 +93,7 @@ def model_directory(name: str) -> Path:
         snapshot = None
     if snapshot is None or not (snapshot / "config.json").is_file():
         raise FileNotFoundError(
-            f"--model {name}: no such directory ({path.absolute()}), and no model {name!r} with a config.json in "
+            f"--model {name}: no directory {path.absolute()}, and no model {name!r} with a config.json in "
             f"the local Hugging Face cache ({constants.HF_HUB_CACHE}, looked up offline). Pass a directory saved "
             f"with save_pretrained, or download the model once (`hf download {name}`)."
         )
