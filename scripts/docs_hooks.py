@@ -22,6 +22,7 @@ PUBLIC_MODULES = (
     "captum_attnflow.baselines",
     "captum_attnflow.evaluate",
     "captum_attnflow.adversarial",
+    "captum_attnflow.benchmark",
     "captum_attnflow.data",
     "captum_attnflow.models",
     "captum_attnflow.hf.capture",

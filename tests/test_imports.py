@@ -2,7 +2,8 @@
 
 The graph is read from the source (ast), not from an import: every ``import`` and ``from ...
 import`` of the package's own modules counts, at module level, inside functions and under
-``if TYPE_CHECKING``, so a circle cannot hide behind a late import.
+``if TYPE_CHECKING``, so a circle cannot hide behind a late import. The same graph shows that no
+package reaches into another's private modules or names.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ PACKAGE = Path(captum_attnflow.__file__).resolve().parent
 
 def import_graph(package: Path) -> nx.DiGraph:
     """Modules of ``package`` (a source folder) as nodes, an edge from each module to every module
-    of the package it imports. ``from a.b import c`` points to ``a.b.c`` when that is a module,
-    else to ``a.b`` (the names come from there); a package is its ``__init__.py``."""
+    of the package it imports, holding the names taken from it (``names``, empty when the module
+    itself is imported). ``from a.b import c`` points to ``a.b.c`` when that is a module, else to
+    ``a.b`` with the name ``c``; a package is its ``__init__.py``."""
     modules = {_name(path, package): path for path in package.rglob("*.py")}
     graph = nx.DiGraph()
     for module, path in modules.items():
@@ -28,18 +30,27 @@ def import_graph(package: Path) -> nx.DiGraph:
         here = module if path.name == "__init__.py" else module.rpartition(".")[0]
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
             if isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
+                targets = [(alias.name, None) for alias in node.names]
             elif isinstance(node, ast.ImportFrom):
                 base = _absolute(node, here)
-                targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
+                targets = [
+                    (f"{base}.{alias.name}", None) if f"{base}.{alias.name}" in modules else (base, alias.name)
+                    for alias in node.names
+                ]
             else:
                 continue
-            for target in targets:
+            for target, name in targets:
                 while target and target not in modules:  # `import a.b.c` of a name inside a.b
                     target = target.rpartition(".")[0]
                 if target and target != module:
                     graph.add_edge(module, target)
+                    graph.edges[module, target].setdefault("names", set()).update([name] if name else [])
     return graph
+
+
+def _top(module: str) -> str:
+    """The top-level package of a module of the package (a module at the root is its own)."""
+    return module.split(".")[1] if "." in module else module
 
 
 def _name(path: Path, package: Path) -> str:
@@ -67,12 +78,27 @@ def test_the_packages_import_one_way():
     cycle: the layers of docs/layout.md, each importing only from the ones before it."""
     packages = nx.DiGraph()
     for module, target in import_graph(PACKAGE).edges:
-        first, second = (name.split(".")[1] if "." in name else name for name in (module, target))
-        if first != second:
-            packages.add_edge(first, second)
+        if _top(module) != _top(target):
+            packages.add_edge(_top(module), _top(target))
     assert {"functional", "hf", "attr", "evaluate", "benchmark", "cli"} <= set(packages)
     cycles = [" -> ".join([*cycle, cycle[0]]) for cycle in nx.simple_cycles(packages)]
     assert not cycles, "packages that import each other:\n" + "\n".join(cycles)
+
+
+def test_no_package_imports_another_packages_private_names():
+    """A private module (``_base.py``) or name (``_helper``) serves its own package only; what two
+    packages share moves to a public, named module."""
+    private = [
+        f"{module} -> {target} {sorted(names)}"
+        for module, target, names in import_graph(PACKAGE).edges(data="names")
+        if _top(module) != _top(target)
+        and any(_private(name) for name in [*target.split("."), *names])
+    ]
+    assert not private, "imports of another package's private module or names:\n" + "\n".join(private)
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.endswith("__")  # __version__ is public
 
 
 def test_every_kind_of_import_is_an_edge(tmp_path):
@@ -95,3 +121,5 @@ def test_every_kind_of_import_is_an_edge(tmp_path):
         ("pkg.typed", "pkg.late"),  # relative `from . import late`
     }
     assert [sorted(cycle) for cycle in nx.simple_cycles(graph)] == [["pkg.late", "pkg.typed"]]
+    assert graph.edges["pkg.sub", "pkg.sub.helper"]["names"] == {"run"}
+    assert graph.edges["pkg", "pkg.sub.helper"]["names"] == set()

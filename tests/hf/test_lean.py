@@ -146,7 +146,7 @@ def test_causality_is_read_from_bool_and_additive_masks():
     }
     for name, (mask, causal) in cases.items():
         capture = LeanCapture(1, "mean", "sdpa")
-        capture.add(query, key, mask, 1.0, False)
+        capture.add(AttentionScores(query, key, mask, 1.0, False))
         assert capture.causal is causal, name
 
 

@@ -22,8 +22,8 @@ _CONSTRUCTOR_DOC = """Args:
         lean: how attention is captured. None (default): layer by layer, each layer reduced
             to its head-fused (B, n, n) matrix during the forward while the model keeps its own
             attention implementation, for the model types where that applies
-            (:data:`captum_attnflow.hf.lean.LEAN_MODEL_TYPES`: BERT, RoBERTa, DistilBERT,
-            GPT-2, Llama-style, ViT, ...; not for ``head=`` results), else eager attention with
+            (:data:`captum_attnflow.hf.lean.LEAN_MODEL_TYPES`: BERT, RoBERTa, ModernBERT,
+            GPT-2, Llama, Qwen, Gemma, Phi-3, Pythia, ViT, ...; not for ``head=`` results), else eager attention with
             every layer's maps stored. True requires the lean path, False always stores the maps.
             Both give the same results to 1e-6; the lean path needs H times less memory."""
 

@@ -76,7 +76,8 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
     from :math:`q k^\\top`, in blocks of rows
     (:mod:`~captum_attnflow.hf.attention_gradients`): no (H, n, n) tensor is ever whole, and of
     one explained layer the rows are rolled out top-down without any (n, n) matrix. Memory is
-    that of one backward pass. Other models (or ``lean=False``) run eager attention and keep
+    that of one backward pass. Other models (or ``lean=False``, or a model whose attention call
+    carries a score term its queries, keys and mask do not hold) run eager attention and keep
     every layer's probabilities and their gradients, 2·L·H·n² numbers; both agree to 1e-5.
 
     Args:
@@ -129,8 +130,12 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         """
         inputs, args, attention_mask, _ = self._checked_inputs(inputs, additional_forward_args, attention_mask)
         with torch.enable_grad():  # as Captum's gradient methods, also inside torch.no_grad()
-            compute = self._streamed if self._lean_gradients() else self._stored
-            result, sources, has_axis = compute(inputs, target, args, position, layer, attention_mask, contrast, show_progress)
+            computed = None
+            if self._lean_gradients():
+                computed = self._streamed(inputs, target, args, position, layer, attention_mask, contrast, show_progress)
+            if computed is None:
+                computed = self._stored(inputs, target, args, position, layer, attention_mask, contrast, show_progress)
+            result, sources, has_axis = computed
         if remove_identity:
             result = _without_identity(result, sources)
         return as_returned(result, has_axis, inputs)
@@ -182,10 +187,15 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
     def _streamed(
         self, inputs: Tensor, target: Any, args: tuple, position: Any, layer: int | None, attention_mask: Tensor | None,
         contrast: Any, show_progress: bool | None,
-    ) -> tuple[Tensor, Tensor, bool]:
+    ) -> tuple[Tensor, Tensor, bool] | None:
         """:meth:`attribute` on the lean path (returns as :meth:`_stored`): one backward pass per explained score, each layer's
-        :math:`\\bar A_l` in row blocks from the queries, keys, values and output gradient."""
+        :math:`\\bar A_l` in row blocks from the queries, keys, values and output gradient. None
+        where an attention call's scores cannot be recomputed (the stored path then serves)."""
         capture = capture_attention_gradients(self.forward_func, inputs, args, attention_mask)
+        if capture.refused:
+            if self.lean:
+                raise ValueError(_REFUSED)
+            return None
         calls = capture.calls
         _check_self_attention((*c.scores.query.shape[:3], c.scores.key.shape[2]) for c in calls)
         batch, n = calls[0].scores.query.shape[0], calls[0].scores.query.shape[2]
@@ -266,6 +276,8 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         capture = capture_attention_gradients(
             self.forward_func, input_ids, (attention_mask, decoder_input_ids, decoder_attention_mask)
         )
+        if capture.refused:
+            raise ValueError(_REFUSED)
         kinds = attention_kinds(self.forward_func, [call.module for call in capture.calls])
         scores = _token_scores(capture.output, target)
         count = decoder_input_ids.shape[1]
@@ -339,6 +351,10 @@ def _gradients(
 # Gradients of this many numbers (all layers' probabilities, one copy per explained position)
 # are computed in one batched backward.
 _GRADIENT_NUMBERS = 2**27
+_REFUSED = (
+    "lean=True: an attention call of this model has a score term that its queries, keys and mask do not "
+    "hold (captum_attnflow.hf.lean.captured_scores), so its maps cannot be recomputed; use lean=None or False."
+)
 
 
 def _without_identity(rows: Tensor, sources: Tensor) -> Tensor:

@@ -11,6 +11,7 @@ from torch import nn
 from captum_attnflow.benchmark.runner import FLOOR, BenchmarkResult, run_task
 from captum_attnflow.benchmark.tasks import TASKS
 from captum_attnflow.benchmark.user import run_user_benchmark
+from captum_attnflow.benchmark.user_data import Columns
 from captum_attnflow.evaluate import Leaderboard
 from captum_attnflow.methods import EXTRA_METHODS, METHODS
 
@@ -31,7 +32,7 @@ def run_benchmark(
     model: nn.Module | None = None,
     tokenizer: Any = None,
     dataset: Any = None,
-    columns: Any = None,
+    columns: Columns | None = None,
     batch_size: int = 32,
     deletion: str = "remove",
     name: str = "data",

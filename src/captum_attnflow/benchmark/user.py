@@ -64,6 +64,7 @@ class ContrastScore(nn.Module):
         self.model = model
 
     def forward(self, input_ids: Tensor, target: Tensor, contrast: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        """(B, 1): the model's score of ``target`` minus its score of ``contrast``, per row."""
         scores = self.model(input_ids, attention_mask=attention_mask)
         scores = getattr(scores, "logits", scores)
         return (scores.gather(-1, target[:, None]) - scores.gather(-1, contrast[:, None])).float()

@@ -28,12 +28,10 @@ from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from torch import Tensor, nn
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from captum_attnflow.hf.internals import prepared_call
-from captum_attnflow.hf.lean import LEAN_MODEL_TYPES, AttentionScores, _scratch_size, fused_blocks, scale_and_causality
+from captum_attnflow.hf.lean import LEAN_MODEL_TYPES, AttentionScores, _scratch_size, captured_scores, fused_blocks, own_attention
 from captum_attnflow.hf.models import hf_models
 from captum_attnflow.hf.state import implementation, register_attention, unchanged, uses_substituted_attention
 
@@ -77,6 +75,9 @@ class AttentionGradients:
     Attributes:
         calls: per attention call, in call order.
         output: what the model returned (in the autograd graph).
+        refused: whether some call carried a score term its :class:`AttentionScores` cannot hold
+            (:func:`~captum_attnflow.hf.lean.captured_scores`); that call is not in ``calls``, and
+            the stored path must explain the model.
         order: (B, n) the run's token order when a left-padded batch ran with its real tokens
             first (``order[b, k]`` = original position of the k-th token of the run), else None.
         mask: (B, n) the run's attention mask in run order, or None.
@@ -90,6 +91,7 @@ class AttentionGradients:
     order: Tensor | None = None
     mask: Tensor | None = None
     device: torch.device | None = None
+    refused: bool = False
     _scratch: Tensor | None = None
 
     def output_gradients(self, score: Tensor, calls: Iterable[int], retain_graph: bool = True) -> dict[int, Tensor]:
@@ -146,15 +148,17 @@ def _gradient_attention(
     dropout: float = 0.0,
     **kwargs: Any,
 ) -> tuple[Tensor, None]:
-    capture, function = _CAPTURES[module]
+    capture, saved = _CAPTURES[module]
     if not query.requires_grad:
         # Frozen parameters: the graph from the attention to the output must still exist.
         query = query.detach().requires_grad_()
+    function = own_attention(saved, module, kwargs)
     output = function(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)[0]
-    scale, causal = scale_and_causality(module, query, attention_mask, scaling, kwargs)
-    mask = None if attention_mask is None else attention_mask.detach()
-    scores = AttentionScores(query.detach(), key.detach(), mask, scale, causal)
-    capture.calls.append(AttentionCall(scores, value.detach(), output, module))
+    scores = captured_scores(module, query, key, attention_mask, scaling, kwargs)
+    if scores is None:
+        capture.refused = True
+    else:
+        capture.calls.append(AttentionCall(scores, value.detach(), output, module))
     return output, None
 
 
@@ -179,20 +183,17 @@ def capture_attention_gradients(
     capture = AttentionGradients(order=order, mask=mask, device=inputs.device)
     register_attention(_NAME, _gradient_attention, sdpa_mask)  # the masks sdpa gets: bool, or None to skip
     with unchanged(module):
-        functions = {
-            id(m): ALL_ATTENTION_FUNCTIONS.get(m.config._attn_implementation, sdpa_attention_forward)
-            for m in hf_models(module)
-        }
+        saved = {id(m): m.config._attn_implementation for m in hf_models(module)}
         for model in hf_models(module):  # parents first: an inner model's own implementation wins
             for submodule in model.modules():
-                _CAPTURES[submodule] = (capture, functions[id(model)])
+                _CAPTURES[submodule] = (capture, saved[id(model)])
         try:
             with implementation(module, _NAME), torch.enable_grad():
                 capture.output = call()
         finally:
             for submodule in list(module.modules()):
                 _CAPTURES.pop(submodule, None)
-    if not capture.calls:
+    if not capture.calls and not capture.refused:
         raise ValueError(
             f"{type(module).__name__} ran no attention through transformers' attention-function interface; "
             "this method needs a model that does (BERT, GPT-2, Llama, ViT, BART, ... in transformers 5)."

@@ -19,21 +19,25 @@ explained rows are computed), raw attention computes only the rows it returns, f
 L·n² fused graph; the per-head maps never exist whole.
 
 It applies to models whose attention goes through the interface with queries, keys, a mask
-from transformers' mask functions and a scaling factor, and nothing else that changes the
-scores (no relative position bias, soft-capping or sinks): the model types in
-:data:`LEAN_MODEL_TYPES`, all tested against the maps the model returns itself. Other models
-use eager attention and ``output_attentions`` (the stored-maps path).
+from transformers' mask functions (sliding windows included), a scaling factor and optionally
+Gemma 2's soft-capping :math:`c \tanh(x / c)` of the scores, and nothing else that changes the
+scores (no relative position bias or sinks): the model types in :data:`LEAN_MODEL_TYPES`, all
+tested against the maps the model returns itself. A call carrying anything else
+(:func:`captured_scores`) leaves the capture incomplete, and the model is explained from eager
+attention and ``output_attentions`` (the stored-maps path), as are other models.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import math
+import sys
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import Tensor, nn
@@ -41,14 +45,16 @@ from transformers import PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.utils.generic import TransformersKwargs
 
 from captum_attnflow.functional.mixing import fuse_heads
 from captum_attnflow.hf.models import hf_models
 from captum_attnflow.hf.state import exclusive, implementation, register_attention, uses_substituted_attention
 
 LEAN_MODEL_TYPES = frozenset(
-    {"bert", "roberta", "xlm-roberta", "distilbert", "gpt2", "llama", "mistral", "qwen2", "vit", "deit",
-     "captum_attnflow_agreement"}
+    {"bert", "roberta", "xlm-roberta", "distilbert", "electra", "albert", "modernbert",
+     "gpt2", "gpt_neox", "gptj", "opt", "llama", "mistral", "mixtral", "qwen2", "qwen3", "olmo2", "phi3",
+     "gemma2", "gemma3_text", "vit", "deit", "captum_attnflow_agreement"}
 )
 _NAME = "captum_attnflow_lean"
 # The scores of one block of rows, all heads, take about this many bytes (twice: scores and
@@ -79,6 +85,8 @@ class AttentionScores:
             any broadcastable (B or 1, 1, n or 1, n_k) shape; None for plain causal or no masking.
         scaling: the factor :math:`s` on :math:`q k^\\top`.
         causal: whether a call without a mask masks later keys.
+        softcap: :math:`c` of Gemma 2's soft-capping: the scores are :math:`c \\tanh(q k^\\top s / c) + M`;
+            None for none.
     """
 
     query: Tensor
@@ -86,6 +94,7 @@ class AttentionScores:
     mask: Tensor | None
     scaling: float
     causal: bool
+    softcap: float | None = None
 
     @functools.cached_property
     def attends_causally(self) -> bool:
@@ -106,28 +115,34 @@ class LeanCapture:
         self.head_fusion = head_fusion
         # Layers of a model dispatched over several devices are gathered on this one (2·n·H·d numbers each).
         self.device = device
-        # The output of each layer is computed as the model computes it when loaded: with its
-        # own implementation from the registry, or sdpa (equal up to rounding) for eager, whose
-        # function lives in each model's own module.
-        self.output_function = ALL_ATTENTION_FUNCTIONS.get(saved, sdpa_attention_forward)
+        self.implementation = saved  # the model's own, which computes each layer's output
         self.layers: list[AttentionScores] = []
+        # Set by a call whose scores hold a term this capture cannot recompute.
+        self.refused = False
         # The row blocks' buffers, one per thread (a graph may be walked by several at once),
         # shared by all layers that thread computes.
         self._scratch = threading.local()
 
-    def add(self, query: Tensor, key: Tensor, mask: Tensor | None, scaling: float, causal: bool) -> None:
+    def add(self, scores: AttentionScores | None) -> None:
+        """Keep one call's ``scores`` (on the capture's device); None: the call could not be
+        recomputed (:func:`captured_scores`), so the capture is not :attr:`complete`."""
         if len(self.layers) == self.num_layers:
             raise ValueError(
                 f"the model ran more than its {self.num_layers} attention layers in one call; "
                 "explain it with lean=False (eager attention and stored maps)."
             )
-        kept = [None if t is None else t.detach().to(self.device or t.device) for t in (query, key, mask)]
-        self.layers.append(AttentionScores(*kept, scaling, causal))
+        if scores is None or self.refused:
+            self.refused = True
+            return
+        moved = {name: getattr(scores, name) for name in ("query", "key", "mask")}
+        moved = {name: None if t is None else t.to(self.device or t.device) for name, t in moved.items()}
+        self.layers.append(dataclasses.replace(scores, **moved))
 
     @property
     def complete(self) -> bool:
-        """Whether every layer of the model went through the lean attention function."""
-        return len(self.layers) == self.num_layers
+        """Whether every layer of the model went through the lean attention function, each with
+        scores it can recompute."""
+        return not self.refused and len(self.layers) == self.num_layers
 
     @property
     def causal(self) -> bool:
@@ -182,9 +197,79 @@ def _lean_attention(
     **kwargs: Any,
 ) -> tuple[Tensor, None]:
     capture = _CAPTURES[module]
-    output = capture.output_function(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
-    capture.add(query, key, attention_mask, *scale_and_causality(module, query, attention_mask, scaling, kwargs))
+    function = own_attention(capture.implementation, module, kwargs)
+    output = function(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+    capture.add(captured_scores(module, query, key, attention_mask, scaling, kwargs))
     return output[0], None
+
+
+def own_attention(implementation: str, module: nn.Module, kwargs: dict[str, Any]) -> Callable[..., Any]:
+    """The attention function that computes a call's output as the model loaded with
+    ``implementation`` does: that function from transformers' registry; for eager, whose function
+    lives in each model's own module, sdpa (equal up to rounding), or that module's
+    ``eager_attention_forward`` (given the additive mask it takes) where sdpa cannot take the
+    call (soft-capping, attention sinks and other terms unknown to :func:`captured_scores`)."""
+    function = ALL_ATTENTION_FUNCTIONS.get(implementation)
+    if function is not None:
+        return function
+    eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+    if eager is None or (kwargs.get("softcap") is None and not _unknown_terms(kwargs)):
+        return sdpa_attention_forward
+    return functools.partial(_with_additive_mask, eager)
+
+
+def _with_additive_mask(
+    eager: Callable[..., Any], module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
+    attention_mask: Tensor | None, **kwargs: Any,
+) -> Any:
+    """``eager`` called with the mask eager attention adds to its scores (0 where allowed, the
+    dtype's minimum elsewhere: transformers' ``eager_mask``) made from the mask the lean
+    functions get, sdpa's (bool, True = attend; None: causal or no masking, as sdpa reads it)."""
+    if attention_mask is None:
+        if not scale_and_causality(module, query, None, None, kwargs)[1]:
+            return eager(module, query, key, value, None, **kwargs)
+        queries, keys = query.shape[2], key.shape[2]
+        attention_mask = torch.ones(queries, keys, dtype=torch.bool, device=query.device).tril(keys - queries)[None, None]
+    if attention_mask.dtype == torch.bool:
+        blocked = torch.zeros(attention_mask.shape, dtype=query.dtype, device=query.device)
+        attention_mask = blocked.masked_fill_(~attention_mask, torch.finfo(query.dtype).min)
+    return eager(module, query, key, value, attention_mask, **kwargs)
+
+
+# Keyword arguments of an attention-function call that leave its scores q k^T s + M as they are:
+# those transformers passes every model (positions, packed-sequence lengths, flags), and flags of
+# single families. scaling, is_causal, softcap and sliding_window are read by captured_scores.
+_NEUTRAL_KEYWORDS = frozenset(TransformersKwargs.__annotations__) | {
+    "dropout", "use_cache", "cache_position", "past_key_values", "position_embeddings", "deterministic",
+    "encoder_hidden_states", "softcap", "sliding_window",
+}
+
+
+def _unknown_terms(kwargs: dict[str, Any]) -> bool:
+    """Whether an attention-function call's keyword arguments hold one not known to leave its scores unchanged."""
+    return any(value is not None and name not in _NEUTRAL_KEYWORDS for name, value in kwargs.items())
+
+
+def captured_scores(
+    module: nn.Module, query: Tensor, key: Tensor, attention_mask: Tensor | None, scaling: float | None,
+    kwargs: dict[str, Any],
+) -> AttentionScores | None:
+    """The :class:`AttentionScores` of one attention-function call (queries (B, H, n, d), keys
+    (B, H_kv, n_k, d)), detached, or None where the call carries a score term they cannot hold.
+
+    Every term is read from the call: the scaling and causality (:func:`scale_and_causality`),
+    the mask (sliding windows are in it, built by transformers' mask functions), Gemma 2's
+    ``softcap``. None for any other keyword argument not known to leave the scores unchanged
+    (attention sinks, a position bias: recomputing without it would be wrong), and for a
+    ``sliding_window`` smaller than the keys without a mask to hold it.
+    """
+    window = kwargs.get("sliding_window")
+    if _unknown_terms(kwargs) or (window is not None and attention_mask is None and key.shape[2] > window):
+        return None
+    scale, causal = scale_and_causality(module, query, attention_mask, scaling, kwargs)
+    mask = None if attention_mask is None else attention_mask.detach()
+    softcap = kwargs.get("softcap")
+    return AttentionScores(query.detach(), key.detach(), mask, scale, causal, None if softcap is None else float(softcap))
 
 
 def scale_and_causality(
@@ -207,6 +292,7 @@ def fused_rows(scores: AttentionScores, head_fusion: str, rows: Tensor, out: Ten
     keys = _keys(key, heads)
     picked = torch.arange(batch, device=rows.device)[:, None]
     products = torch.matmul(query[picked, :, rows].transpose(1, 2).float() * scaling, keys)  # (B, H, S, n)
+    _capped(products, scores.softcap)
     if mask is not None:
         allowed = mask.expand(batch, -1, n, -1)[picked, :, rows].transpose(1, 2)
     else:
@@ -224,7 +310,8 @@ def fused_blocks(
 ) -> Iterator[tuple[int, int, Tensor]]:
     """Head-fused attention probabilities of one call's ``scores`` (queries (B, H, n, d)), by blocks of rows.
 
-    :math:`P_h = \\operatorname{softmax}(q_h k_h^\\top s + M)`, computed in float32 one block of
+    :math:`P_h = \\operatorname{softmax}(q_h k_h^\\top s + M)` (with soft-capping
+    :math:`c \\tanh(q_h k_h^\\top s / c) + M`), computed in float32 one block of
     rows at a time and fused over heads per block, so the per-head maps never exist whole.
     Rows without any allowed key (padding queries) come out 0.
 
@@ -273,6 +360,7 @@ def fused_blocks(
         products = scratch[:numbers].view(shape)
         # The scaling on the queries (rows x d), not on the (rows x n) scores.
         torch.matmul(query[:, :, start:stop].float() * scaling, keys[..., :width], out=products)
+        _capped(products, scores.softcap)  # before the masks: -inf stays -inf
         # (the mask's query axis may be 1, broadcast over the rows)
         allowed = None if mask is None else mask.expand(*mask.shape[:2], n, mask.shape[-1])[..., start:stop, :width]
         if keys_seen_causally and mask is None:  # every row sees the keys before ``start``: mask the block's own square only
@@ -286,6 +374,12 @@ def fused_blocks(
         weight = None if gradient is None else (grad_output[:, :, start:stop].float(), values[..., :width])
         yield start, stop, _softmax_fused(products, allowed, head_fusion, block, probabilities, weight)
         start = stop
+
+
+def _capped(products: Tensor, softcap: float | None) -> None:
+    """Soft-cap the scores ``products`` in place, :math:`c \\tanh(x / c)` (nothing for None)."""
+    if softcap is not None:
+        products.div_(softcap).tanh_().mul_(softcap)
 
 
 def _keys(key: Tensor, heads: int) -> Tensor:
