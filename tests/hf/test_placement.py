@@ -31,6 +31,19 @@ def test_cuda_without_cuda_is_refused_with_the_fix(device):
         resolve_device(device)
 
 
+def test_each_process_of_a_launch_takes_its_own_gpu(monkeypatch):
+    """``auto`` and ``cuda`` mean ``cuda:LOCAL_RANK`` (a pretended machine with two GPUs)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve_device("auto") == resolve_device("cuda") == torch.device("cuda", 0)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert resolve_device("auto") == resolve_device("cuda") == torch.device("cuda", 1)
+    assert resolve_device("cuda:0") == torch.device("cuda", 0)  # a device named in full stays
+    monkeypatch.setenv("LOCAL_RANK", "2")
+    with pytest.raises(ValueError, match=r"torch sees 2 CUDA device\(s\), cuda:0..cuda:1 \(asked for cuda:2\)"):
+        resolve_device("auto")
+
+
 def test_dtype_names():
     assert resolve_dtype(None) == resolve_dtype("auto") == "auto"
     assert [resolve_dtype(name) for name in ("float32", "bfloat16", "float16")] == [torch.float32, torch.bfloat16, torch.float16]
