@@ -14,7 +14,8 @@ Random weights from configs (no download). Two tables:
 
 Each cell: one warm-up call, then one timed call (synchronised), its time, its ratio to the
 forward of the same model in the same run (and to Captum's for the Llama rows), and the peak GPU
-memory allocated during the timed call. Targets: BERT n = 8192 rollout <= 1.3x the forward and
+memory allocated during the timed call, with its ratio to the last reference's (the forward +
+backward's for BERT, Captum's for Llama). Targets: BERT n = 8192 rollout <= 1.3x the forward and
 gradient-weighted rollout <= 1.2x the forward + backward; ALTI and the norms at n = 4096 <= 3x
 the forward and within 2 GiB; value zeroing at n = 512 <= 20x; Llama lean rollout <= 2x the
 forward, gradient-weighted rollout no slower than Captum's call and within its memory. About
@@ -68,9 +69,10 @@ class Table:
     """Prints one row per measured call, ratios to the named reference rows."""
 
     def __init__(self, title: str, references: tuple[str, ...], device: torch.device) -> None:
-        self.references, self.device, self.seconds = references, device, {}
+        self.references, self.device, self.seconds, self.peaks = references, device, {}, {}
         print(f"\n{title}")
-        print(f"{'':44} {'time':>10} " + " ".join(f"{'/ ' + r:>14}" for r in references) + f" {'peak GPU':>10}")
+        print(f"{'':44} {'time':>10} " + " ".join(f"{'/ ' + r:>14}" for r in references)
+              + f" {'peak GPU':>10} {'/ ' + references[-1]:>14}")
 
     def row(self, name: str, call: Callable[[], object]) -> None:
         try:
@@ -82,12 +84,14 @@ class Table:
             gc.collect()
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
-        self.seconds[name] = seconds
+        self.seconds[name], self.peaks[name] = seconds, peak
         ratios = " ".join(
             f"{seconds / self.seconds[r]:13.2f}x" if r in self.seconds else f"{'':14}" for r in self.references
         )
         memory = f"{peak:8.2f} G" if peak is not None else f"{'-':>10}"
-        print(f"{name:44} {seconds * 1e3:8.1f} ms {ratios} {memory}", flush=True)
+        last = self.peaks.get(self.references[-1])
+        memory_ratio = f" {peak / last:13.2f}x" if peak is not None and last else ""
+        print(f"{name:44} {seconds * 1e3:8.1f} ms {ratios} {memory}{memory_ratio}", flush=True)
 
 
 def bert_table(sizes: list[int], device: torch.device, smoke: bool) -> None:
