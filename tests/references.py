@@ -34,11 +34,14 @@ import math
 
 import torch
 
-POST_LN = {"bert", "roberta", "distilbert"}
-CAUSAL = {"gpt2", "llama"}
+POST_LN = {"bert", "roberta", "distilbert", "electra"}
+CAUSAL = {"gpt2", "llama", "qwen3", "mixtral"}
 KINDS = {
     "bert": "bert",
     "roberta": "bert",
+    "electra": "bert",
+    "qwen3": "llama",  # with RMSNorm on each head's queries and keys
+    "mixtral": "llama",  # with the mixture of experts as its feed-forward
     "distilbert": "distilbert",
     "gpt2": "gpt2",
     "captum_attnflow_agreement": "gpt2",
@@ -209,8 +212,11 @@ def _llama_layer(layer, config, x, allowed, zero_token=None, layer_index=0):
     att = layer.self_attn
     a = _rms_norm(x, layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon)
     positions = torch.arange(x.shape[1])  # LlamaModel's default position_ids
-    q = _rotary(_split_heads(_linear(a, att.q_proj), heads), positions, rope["rope_theta"])
-    k = _rotary(_split_heads(_linear(a, att.k_proj), kv_heads), positions, rope["rope_theta"])
+    q, k = _split_heads(_linear(a, att.q_proj), heads), _split_heads(_linear(a, att.k_proj), kv_heads)
+    if hasattr(att, "q_norm"):  # Qwen3: each head's queries and keys RMS-normed before the rotation
+        q = _rms_norm(q, att.q_norm.weight, att.q_norm.variance_epsilon)
+        k = _rms_norm(k, att.k_norm.weight, att.k_norm.variance_epsilon)
+    q, k = _rotary(q, positions, rope["rope_theta"]), _rotary(k, positions, rope["rope_theta"])
     v = _zero_token_value(_split_heads(_linear(a, att.v_proj), kv_heads), zero_token)
     # grouped-query attention: query head h reads key/value head h // (heads / kv_heads)
     group = heads // kv_heads

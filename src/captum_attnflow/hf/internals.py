@@ -176,7 +176,8 @@ def _recording(module: nn.Module, internals: Internals, blocks: list[nn.Module])
         internals.block_inputs.append((args[0] if args else kwargs["hidden_states"]).detach())
 
     modules = list(module.modules())
-    handles = [block.register_forward_pre_hook(keep_input, with_kwargs=True) for block in blocks]
+    # a shared block (ALBERT) is listed once per call, hooked once
+    handles = [block.register_forward_pre_hook(keep_input, with_kwargs=True) for block in dict.fromkeys(blocks)]
     try:
         for submodule in modules:
             _CAPTURES[submodule] = internals

@@ -1,0 +1,138 @@
+"""Value zeroing, ALTI, attention norms, gradient-weighted rollout and AttnLRP on the families of the
+architecture table beyond the first ones: against the float64 references (tests/references.py)
+where a family's block is written out there (ELECTRA, Qwen3 with its query and key norms, Mixtral
+with its experts), the padding properties on every family, and AttnLRP's conservation where
+nothing but the tokens can take the logit (bias-free families: fused gate projections, the
+router and experts of a mixture held as the table says)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+from families import DECODERS, family_config, family_inputs
+from references import (
+    alti_reference,
+    attention_norm_reference,
+    gradient_weighted_rollout_reference,
+    rollout_of,
+    value_zeroing_reference,
+)
+
+from captum_attnflow import ALTI, AttentionNorm, AttnLRP, GradientWeightedRollout, ValueZeroing
+from captum_attnflow.hf.decomposition import alti_maps, attention_norm_maps, value_zeroing_maps
+from helpers import model_state
+
+# The table's families written out in tests/references.py; their sliding windows off (the
+# reference attends to every earlier token); Mixtral's experts in their own loop, which runs in
+# float64 (grouped_mm does not).
+REFERENCED = {"electra": {}, "qwen3": dict(use_sliding_window=False),
+              "mixtral": dict(sliding_window=None, experts_implementation="eager")}
+TABLE_FAMILIES = ["albert", "electra", "gpt_neox", "gptj", "mixtral", "modernbert", "opt", "phi3", "qwen3"]
+DEFAULT_RUN = {"albert", "gpt_neox", "modernbert", "phi3"}  # shared layers, parallel blocks, fused projections
+
+
+def _model(model_type: str, **overrides) -> torch.nn.Module:
+    torch.manual_seed(0)
+    config = family_config(model_type, **{**REFERENCED.get(model_type, {}), **overrides})
+    if model_type in DECODERS:
+        return transformers.AutoModelForCausalLM.from_config(config).eval()
+    config.num_labels = 3
+    return transformers.AutoModelForSequenceClassification.from_config(config).eval()
+
+
+def _positions(model_type: str, mask: torch.Tensor) -> torch.Tensor:
+    """The explained position of each example: the last real token of a decoder, the first of an encoder."""
+    if model_type in DECODERS:
+        return torch.where(mask.bool(), torch.arange(mask.shape[1]), -1).amax(1)
+    return torch.where(mask.bool(), torch.arange(mask.shape[1]), mask.shape[1]).amin(1)
+
+
+@pytest.mark.parametrize("model_type", sorted(REFERENCED))
+@pytest.mark.parametrize("maps_of, reference", [(alti_maps, alti_reference), (value_zeroing_maps, value_zeroing_reference),
+                                                (attention_norm_maps, attention_norm_reference)],
+                         ids=["alti", "value_zeroing", "attention_norm"])
+def test_decompositions_match_reference(model_type, maps_of, reference):
+    model = _model(model_type)
+    ids, mask = family_inputs("right", n=7)
+    before = model_state(model)
+    ours = maps_of(model, ids, None, mask)
+    expected = reference(model, ids, mask).float()
+    torch.testing.assert_close(ours, expected, atol=2e-5, rtol=0)
+    assert model_state(model) == before
+
+
+@pytest.mark.parametrize("model_type", sorted(REFERENCED))
+def test_gradient_weighted_rollout_matches_reference(model_type):
+    model = _model(model_type)
+    ids, mask = family_inputs("right", n=7)
+    position = _positions(model_type, mask)
+    target = torch.tensor([5, 17, 33]) if model_type in DECODERS else torch.tensor([0, 2, 1])
+    ours = GradientWeightedRollout(model).attribute(ids, target=target, attention_mask=mask, layer=None, position=position)
+
+    def target_fn(output):
+        logits = output.logits[torch.arange(3), position] if output.logits.dim() == 3 else output.logits
+        return logits[torch.arange(3), target]
+
+    expected = gradient_weighted_rollout_reference(model, ids, mask, target_fn)[:, torch.arange(3), position].float()
+    torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-3)
+
+
+@pytest.mark.parametrize(
+    "model_type", [t if t in DEFAULT_RUN else pytest.param(t, marks=pytest.mark.slow) for t in TABLE_FAMILIES]
+)
+def test_padding_gets_zero_and_changes_nothing_on_either_side(model_type):
+    """Every method of the table, each example alone equal to it in a batch padded on either side."""
+    model = _model(model_type)
+    ids, mask = family_inputs("right")
+    _, left_mask = family_inputs("left")
+    shift = (left_mask == 0).sum(1, keepdim=True)
+    where = (torch.arange(9)[None] + shift) % 9  # the new place of each token
+    left_ids = ids.new_zeros(ids.shape).scatter(1, where, ids)
+    position = _positions(model_type, mask)
+    for method in (ALTI, ValueZeroing, AttentionNorm, AttnLRP):
+        kwargs = dict(target=torch.tensor([1, 0, 2])) if method is AttnLRP else dict(layer=None)
+        right = method(model).attribute(ids, attention_mask=mask, position=position, **kwargs)
+        assert bool((right * (1 - mask) == 0).all())
+        for b in range(3):
+            length = int(mask[b].sum())
+            alone_kwargs = {k: v[b : b + 1] if k == "target" else v for k, v in kwargs.items()}
+            alone = method(model).attribute(ids[b : b + 1, :length], position=position[b : b + 1], **alone_kwargs)
+            torch.testing.assert_close(right[..., b, :length], alone[..., 0, :], atol=2e-5, rtol=1e-4)
+        left = method(model).attribute(left_ids, attention_mask=left_mask, position=where.gather(1, position[:, None])[:, 0],
+                                       **kwargs)
+        torch.testing.assert_close(left.gather(-1, where.expand_as(left)), right, atol=2e-5, rtol=1e-4)
+
+
+def _zero_values(model: torch.nn.Module, model_type: str) -> None:
+    """Every attention writes nothing: its value projection (the last third of a fused one) zeroed."""
+    with torch.no_grad():
+        for module in model.modules():
+            if model_type == "phi3" and hasattr(module, "qkv_proj"):
+                module.qkv_proj.weight[-model.config.num_key_value_heads * module.head_dim :] = 0
+            elif model_type == "modernbert" and hasattr(module, "Wqkv"):
+                module.Wqkv.weight[-model.config.hidden_size :] = 0
+            elif hasattr(module, "v_proj"):
+                module.v_proj.weight.zero_()
+
+
+@pytest.mark.parametrize("model_type", ["qwen3", "mixtral", "phi3", "modernbert"])
+def test_attnlrp_gives_the_tokens_all_of_the_logit_when_nothing_else_can_take_it(model_type):
+    """Bias-free families without position embeddings whose attention writes nothing: the norms'
+    identity rule, the fused gate's uniform rule (Phi-3, ModernBERT) and the router and expert
+    gates held constant (Mixtral) conserve relevance, so the tokens share the logit exactly (a
+    gate rule that halved both halves or neither would not). With the values back, the softmax
+    linearisation takes a share."""
+    model = _model(model_type).double()
+    ids, mask = family_inputs("none", batch=1)
+    decoder = model_type in DECODERS
+    target, position = torch.tensor([7 if decoder else 0]), torch.tensor([8 if decoder else 0])
+    with_attention = AttnLRP(model).attribute(ids, target=target, position=position)
+    _zero_values(model, model_type)
+    with torch.no_grad():
+        logits = model(ids).logits
+    logit = (logits[0, 8] if decoder else logits[0])[target[0]]
+    relevance = AttnLRP(model).attribute(ids, target=target, position=position)
+    # float64 but for the RMS norms, which these families compute in float32
+    assert float(relevance.sum()) == pytest.approx(float(logit), rel=1e-6)
+    assert float(with_attention.sum()) != pytest.approx(float(logit), abs=1e-3)
