@@ -7,6 +7,8 @@ router and experts of a mixture held as the table says)."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 import transformers
@@ -136,3 +138,44 @@ def test_attnlrp_gives_the_tokens_all_of_the_logit_when_nothing_else_can_take_it
     # float64 but for the RMS norms, which these families compute in float32
     assert float(relevance.sum()) == pytest.approx(float(logit), rel=1e-6)
     assert float(with_attention.sum()) != pytest.approx(float(logit), abs=1e-3)
+
+
+# Families whose attention runs outside transformers' interface (relative positions, ALiBi).
+OWN_ATTENTION = {
+    "deberta-v2": {}, "mpnet": {}, "bloom": dict(n_embed=32, n_head=4, n_layer=2),
+    "falcon": dict(new_decoder_architecture=True, num_kv_heads=2, alibi=True),
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(OWN_ATTENTION))
+def test_gradient_weighted_rollout_on_models_computing_their_own_attention(model_type):
+    """The probabilities the model returns with output_attentions, with their gradients: padding
+    gets 0 and changes nothing, every layer's gradient reaches the scores."""
+    torch.manual_seed(0)
+    config = transformers.AutoConfig.for_model(
+        model_type, vocab_size=60, hidden_size=32, num_attention_heads=4, intermediate_size=64, num_hidden_layers=2,
+        pad_token_id=0, initializer_range=0.2, num_labels=3, **OWN_ATTENTION[model_type])
+    model = transformers.AutoModelForSequenceClassification.from_config(config).eval()
+    ids, mask = family_inputs("right", n=7)
+    before = model_state(model)
+    rows = GradientWeightedRollout(model).attribute(ids, target=1, attention_mask=mask, layer=None, position=[0, 2])
+    assert bool((rows * (1 - mask)[:, None] == 0).all())
+    for b in range(3):
+        length = int(mask[b].sum())
+        alone = GradientWeightedRollout(model).attribute(ids[b : b + 1, :length], target=1, layer=None, position=[0, 2])
+        torch.testing.assert_close(rows[:, b, :, :length], alone[:, 0], atol=2e-5, rtol=1e-4)
+    assert bool((rows[0, :, 1] - torch.eye(7)[2] != 0).any())  # the gradients weigh the maps
+    assert model_state(model) == before and model.config.output_attentions is False
+
+
+def test_returned_probabilities_give_what_the_interface_gives(monkeypatch):
+    """The same method on BERT, once through the interface, once from the maps it returns."""
+    model = _model("electra")
+    ids, mask = family_inputs("right", n=7)
+    expected = GradientWeightedRollout(model, lean=False).attribute(ids, target=[0, 2, 1], attention_mask=mask, layer=None)
+    # the model's attention now bypasses the capture
+    monkeypatch.setattr("captum_attnflow.hf.internals.implementation", lambda module, name: contextlib.nullcontext())
+    ours = GradientWeightedRollout(model, lean=False).attribute(ids, target=[0, 2, 1], attention_mask=mask, layer=None)
+    torch.testing.assert_close(ours, expected, atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="ran no attention through"):
+        ValueZeroing(model).attribute(ids, attention_mask=mask)
