@@ -11,8 +11,7 @@ import sys
 
 import torch
 
-from captum_attnflow.benchmark import run_benchmark
-from captum_attnflow.benchmark_user import load_data, load_model
+from captum_attnflow.benchmark import load_data, load_model, run_benchmark
 
 
 def main(model_dir: str, data: str, out: str, checkpoints: str) -> None:

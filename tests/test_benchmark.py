@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from captum_attnflow import AttentionRollout, extract_attentions
-from captum_attnflow.benchmark import _attribute, run_benchmark
-from captum_attnflow.benchmark_tasks import TASKS, sentence_pairs
+from captum_attnflow.benchmark import TASKS, run_benchmark
+from captum_attnflow.benchmark.runner import _attribute
+from captum_attnflow.benchmark.tasks import sentence_pairs
 from captum_attnflow.data import CHUNK_TAGS
 from captum_attnflow.evaluate import Leaderboard
 from captum_attnflow.functional import rollout

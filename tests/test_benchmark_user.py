@@ -15,9 +15,8 @@ import torch
 import transformers
 
 from captum_attnflow import load_agreement_model
-from captum_attnflow.benchmark import run_benchmark
-from captum_attnflow.benchmark_user import load_data, load_model, model_kind
-from captum_attnflow.benchmark_user_data import Columns, select_rows
+from captum_attnflow.benchmark import Columns, load_data, load_model, model_kind, run_benchmark
+from captum_attnflow.benchmark.user_data import select_rows
 from captum_attnflow.cli import main
 from captum_attnflow.models.language_model import build_lm_tokenizer
 

@@ -52,6 +52,11 @@ def make_lm(arch: str, vocab: int) -> torch.nn.Module:
                                           intermediate_size=64, num_hidden_layers=3, max_position_embeddings=64,
                                           bos_token_id=2, eos_token_id=3, pad_token_id=0)
         return transformers.LlamaForCausalLM(config).eval()
+    if arch == "mistral":  # a sliding window shorter than the prompts
+        config = transformers.MistralConfig(vocab_size=vocab, hidden_size=32, num_attention_heads=4, num_key_value_heads=1,
+                                            intermediate_size=64, num_hidden_layers=3, max_position_embeddings=64,
+                                            sliding_window=3, bos_token_id=2, eos_token_id=3, pad_token_id=0)
+        return transformers.MistralForCausalLM(config).eval()
     if arch == "t5":
         config = transformers.T5Config(vocab_size=vocab, d_model=16, d_kv=4, d_ff=32, num_layers=2, num_heads=2,
                                        decoder_start_token_id=0, eos_token_id=3, pad_token_id=0)
@@ -94,12 +99,44 @@ def test_causal_rows_are_the_single_position_attributions(causal_lm, tokenizer, 
 def test_one_forward_pass_for_all_output_tokens(tokenizer):
     model = make_lm("gpt2", len(tokenizer))
     calls = []
-    handle = model.register_forward_hook(lambda *args: calls.append(1))
+    handle = model.transformer.register_forward_hook(lambda *args: calls.append(1))  # the layers run once
     try:
         LLMAttentionAttribution(AttentionRollout(model), tokenizer).attribute(PROMPT, target="are . that the")
     finally:
         handle.remove()
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize(("arch", "side"), [("gpt2", "right"), ("llama", "left"), ("mistral", "left")])
+def test_the_papers_methods_run_lean_and_equal_the_stored_path(arch, side, tokenizer, monkeypatch):
+    """Raw attention, rollout and flow on the lean capture (no eager maps; raw and rollout never
+    build a whole layer) equal the stored maps: every head fusion, residual, receptive field, sink,
+    GQA, a sliding window, a batch of prompts of different lengths padded on either side."""
+    capture = importlib.import_module("captum_attnflow.hf.capture")
+    graph = importlib.import_module("captum_attnflow.functional.graph")
+    model = make_lm(arch, len(tokenizer))
+    prompts, targets = [PROMPT, "a dog", "near the boxes , my dog"], [TARGET, "is", "are . that"]
+    cases = [(RawAttention, "mean", 1.0, {}), (RawAttention, "max", 0.5, {"receptive_field": True}),
+             (AttentionRollout, "mean", 0.5, {"drop_sink": True}), (AttentionRollout, "min", 0.8, {}),
+             (AttentionRollout, "max", 0.3, {"receptive_field": True}), (AttentionFlow, "mean", 0.5, {}),
+             (AttentionFlow, "max", 0.6, {"drop_sink": True})]
+    for method, fusion, alpha, options in cases:
+        for layer in (-1, 1) if method is AttentionRollout else (-1,):
+            stored = LLMAttentionAttribution(method(model, lean=False), tokenizer).attribute(
+                prompts, target=targets, layer=layer, padding_side=side, head_fusion=fusion, residual_alpha=alpha, **options
+            )
+            with monkeypatch.context() as patched:
+                patched.setattr(capture, "extract_attentions", lambda *args: pytest.fail("eager maps were stored"))
+                if method is not AttentionFlow:
+                    patched.setattr(graph.AttentionGraph, "layer", lambda *args, **kw: pytest.fail("a layer was built"))
+                lean = LLMAttentionAttribution(method(model), tokenizer).attribute(
+                    prompts, target=targets, layer=layer, padding_side=side, head_fusion=fusion, residual_alpha=alpha,
+                    **options,
+                )
+            for a, b in zip(lean, stored):
+                assert a.input_tokens == b.input_tokens and a.output_tokens == b.output_tokens
+                for name in ("token_attr", "output_attr", "sink_attr"):
+                    torch.testing.assert_close(getattr(a, name), getattr(b, name), atol=1e-6, rtol=0)
 
 
 @pytest.mark.parametrize("method", [AttentionRollout, AttentionFlow])

@@ -12,7 +12,7 @@ import torch
 from captum_attnflow.attr import LLMAttentionAttributionResult
 from captum_attnflow.cli import main
 from captum_attnflow.explanation import ExplanationResult
-from captum_attnflow.visualize_html import NEGATIVE, POSITIVE, colour
+from captum_attnflow.visualize.html import NEGATIVE, POSITIVE, colour
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 needs_browser = pytest.mark.skipif(

@@ -217,8 +217,7 @@ def test_quantized_output_projections_are_refused():
 @pytest.mark.parametrize("models", ["llama"], indirect=True)
 def test_benchmark_on_an_offloaded_language_model(models, tokenizer):
     datasets = pytest.importorskip("datasets")
-    from captum_attnflow.benchmark import run_benchmark
-    from captum_attnflow.benchmark_user_data import Columns
+    from captum_attnflow.benchmark import Columns, run_benchmark
 
     _, model, dispatched = models
     rows = datasets.Dataset.from_dict({"prompt": ["the keys to the cabinet", "the dog near the doors"], "target": ["are", "is"]})

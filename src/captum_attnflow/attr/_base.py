@@ -16,7 +16,7 @@ from captum_attnflow.hf import as_tuple, capture_graph, check_token_ids, lift_ma
 _CONSTRUCTOR_DOC = """Args:
         forward_func: a Hugging Face model, an ``nn.Module`` wrapping one, or a callable
             ``forward_func(inputs, *additional_forward_args)`` returning attentions
-            (see :func:`captum_attnflow.extraction.extract_attentions`). The model is left
+            (see :func:`captum_attnflow.hf.extract_attentions`). The model is left
             as it was: attention implementation, eval mode and hooks change only for the
             duration of a call, and calls from several threads on one model run one at a time.
         lean: how attention is captured. None (default): layer by layer, each layer reduced

@@ -18,13 +18,12 @@ from captum_attnflow.attr.llm_result import LLMAttentionAttributionResult
 from captum_attnflow.attr.raw_attention import RawAttention
 from captum_attnflow.attr.rollout import AttentionRollout
 from captum_attnflow.attr.value_zeroing import ValueZeroing
-from captum_attnflow.extraction import extract_attentions
 from captum_attnflow.functional.encoder_decoder import (
     encoder_decoder_flow,
     encoder_decoder_raw_attention,
     encoder_decoder_rollout,
 )
-from captum_attnflow.hf import input_device, seq2seq_attentions
+from captum_attnflow.hf import extract_attentions, input_device, seq2seq_attentions
 
 try:  # transformers is a dependency, but keep the import error readable
     from transformers import PreTrainedModel
@@ -266,20 +265,16 @@ class LLMAttentionAttribution(TokenPreparation, Attribution):
         # repeat their last one; those rows are dropped below.
         steps = torch.arange(int(lengths.max()), device=ids.device)
         position = starts[:, None] + torch.minimum(lengths[:, None] - 1, steps[None, :])
-        if type(self.attr_method) in _JOINT_GRAPH:
-            # One forward pass; every predicting position is then explained from the same maps.
-            attentions = extract_attentions(self.model, ids, None, mask)
-            method = type(self.attr_method)(lambda _inputs: attentions)
-        else:  # methods that read gradients or the model's internals run the model themselves, once
-            method = self.attr_method
-            if isinstance(method, (GradientWeightedRollout, AttnLRP)):  # each position explains the token it writes
-                kwargs = {"target": ids.gather(1, position + 1), **kwargs}
-                if kwargs.get("contrast") is not None:  # the contrast token at the same place, (B, max n_out)
-                    contrast, _, _ = pad(kwargs["contrast"], 0, "right")
-                    kwargs["contrast"] = contrast.gather(1, position - starts[:, None])
+        # Every method runs the model once and explains all predicting positions from that pass
+        # (the paper's methods on the lean capture where the model allows it: no per-head map).
+        if isinstance(self.attr_method, (GradientWeightedRollout, AttnLRP)):  # each position explains the token it writes
+            kwargs = {"target": ids.gather(1, position + 1), **kwargs}
+            if kwargs.get("contrast") is not None:  # the contrast token at the same place, (B, max n_out)
+                contrast, _, _ = pad(kwargs["contrast"], 0, "right")
+                kwargs["contrast"] = contrast.gather(1, position - starts[:, None])
         check_options(self.attr_method, kwargs)
         # (B, max n_out, N)
-        scores = method.attribute(ids, position=position, layer=layer, attention_mask=mask, **kwargs)
+        scores = self.attr_method.attribute(ids, position=position, layer=layer, attention_mask=mask, **kwargs)
         return [
             scores[b, : o.numel(), off : off + s.numel()]
             for b, (o, s, off) in enumerate(zip(outputs, sequences, offsets))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from captum_attnflow.benchmark_tasks import TASKS
+from captum_attnflow.benchmark.tasks import TASKS
 from captum_attnflow.cli import _common as common
 from captum_attnflow.cli import _options as options
 from captum_attnflow.methods import EXTRA_METHODS, METHODS
@@ -72,8 +72,7 @@ def run(args: argparse.Namespace) -> int:
     if (args.model is None) != (args.data is None):
         raise ValueError("--model DIR and --data FILE go together: your model explained on your rows.")
     if args.data is not None:
-        from captum_attnflow.benchmark_user import load_data, load_model, run_user_benchmark
-        from captum_attnflow.benchmark_user_data import Columns
+        from captum_attnflow.benchmark import Columns, load_data, load_model, run_user_benchmark
 
         data = load_data(args.data)
         model, tokenizer = load_model(args.model)

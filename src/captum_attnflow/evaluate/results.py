@@ -1,5 +1,5 @@
 """Per-example comparison scores and faithfulness values: summaries, save / load / merge (the tables,
-CSV files and figures are drawn by :mod:`~captum_attnflow.evaluate.comparison_tables`)."""
+CSV files and figures of the summaries are drawn by :mod:`~captum_attnflow.evaluate.comparison_tables`)."""
 
 from __future__ import annotations
 
@@ -11,14 +11,10 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
-from captum_attnflow.evaluate.comparison_tables import comparison_markdown, plot_comparison, write_comparison_csv
+from captum_attnflow.evaluate.comparison_tables import Beside, comparison_markdown, plot_comparison, write_comparison_csv
 from captum_attnflow.evaluate.leaderboard import Leaderboard
 from captum_attnflow.evaluate.metrics import higher_is_better as metric_direction
 from captum_attnflow.evaluate.statistics import N_RESAMPLES
-
-Key = tuple  # (method, reference, layer): layer 1..L, or None for a method without layers
-# Published values to show beside the measured ones: {(method, reference, layer): (mean, std)}.
-Beside = Mapping[Key, tuple]
 
 
 @dataclass
@@ -184,7 +180,7 @@ class ComparisonResult:
             | raw (ours) | 0.30 ± 0.10 |
             | raw (paper) | 0.53 ± 0.33 |
         """
-        return comparison_markdown(self, digits, beside, names)
+        return comparison_markdown(self.summary(), len(self), digits, beside, names)
 
     def to_csv(self, path: str | Path, beside: Beside | None = None, names: tuple[str, str] = ("ours", "paper")) -> None:
         """Write the summary, one row per (method, reference, layer); layer is empty for one-map methods.
@@ -204,7 +200,7 @@ class ComparisonResult:
             ...     print(open(f"{folder}/table.csv").read().splitlines()[0])
             method,reference,layer,mean,std,count,nan_count
         """
-        write_comparison_csv(self, path, beside, names)
+        write_comparison_csv(self.summary(), path, beside, names)
 
     def plot(self, ax=None, beside: Beside | None = None, names: tuple[str, str] = ("ours", "paper")):
         """Matplotlib figure, one panel per reference: layers on x, one line per method with a
@@ -227,7 +223,7 @@ class ComparisonResult:
             >>> len(figure.axes)  # one panel per reference
             1
         """
-        return plot_comparison(self, ax, beside, names)
+        return plot_comparison(self.summary(), ax, beside, names)
 
     def save(self, path: str | Path, compress: bool = False) -> list[Path]:
         """Save the per-example scores and faithfulness values, to merge, resume or look at later

@@ -79,6 +79,7 @@ class AttentionGraph:
         self._stream: Callable[[int, Tensor | None], Tensor] | None = None
         self._stream_rows: Callable[[int, Tensor], Tensor] | None = None
         self._stream_blocks: Callable[[int], Iterable[tuple[int, int, Tensor]]] | None = None
+        self._order: Tensor | None = None
         self._building = threading.Lock()
         self._num_layers = weights.shape[0] if weights is not None else 0
         self._causal: bool | None = None
@@ -97,6 +98,7 @@ class AttentionGraph:
         causal: bool | None = None,
         fused_rows: Callable[[int, Tensor], Tensor] | None = None,
         fused_blocks: Callable[[int], Iterable[tuple[int, int, Tensor]]] | None = None,
+        order: Tensor | None = None,
     ) -> "AttentionGraph":
         """A graph whose layers are computed when asked for: ``fused_layer(l, out)`` gives the
         head-fused attention probabilities (B, n, n) of layer l (0-based), written into ``out``
@@ -108,6 +110,11 @@ class AttentionGraph:
         block)`` with ``block`` (B, stop - start, w) the rows start..stop over the first w
         columns (the others 0), each valid until the next; :meth:`propagate` then never holds
         the whole layer.
+
+        ``order`` (B, n): the three functions give their matrices in another token order, that of
+        a run whose k-th token of example b was token ``order[b, k]`` (a left-padded batch run
+        with its real tokens first); rows and columns are taken back to the graph's order here,
+        and ``rows`` and ``propagate`` move their vectors instead of the matrix (O(n) a row).
 
         Example::
 
@@ -127,6 +134,8 @@ class AttentionGraph:
         graph._stream = fused_layer
         graph._stream_rows = fused_rows
         graph._stream_blocks = fused_blocks
+        if order is not None:
+            graph._order = order.to(device)
         graph._num_layers = num_layers
         graph._causal = causal
         return graph
@@ -196,10 +205,19 @@ class AttentionGraph:
         stream = self._stream
         if stream is None or self._weights is not None:
             return self.weights[index] if out is None else out.copy_(self.weights[index])
-        fused = stream(index, out).float()
+        order = self._order
+        fused = stream(index, out if order is None else None).float()
+        if order is not None:  # entry [b, i, j] from the run's [b, place of i, place of j]
+            back = self._back
+            fused = fused.gather(1, back[:, :, None].expand_as(fused)).gather(2, back[:, None, :].expand_as(fused))
         if out is not None and fused.data_ptr() != out.data_ptr():
             fused = out.copy_(fused)
         return _mix_in_place(fused, self.mask, self.residual_alpha)
+
+    @property
+    def _back(self) -> Tensor:
+        """(B, n): the place in the run of each of the graph's tokens (``order`` inverted)."""
+        return self._order.argsort(dim=-1)
 
     def walk(self, indices: Iterable[int], description: str, show_progress: bool | None = None) -> Iterable[int]:
         """The layer ``indices`` in order, with a tqdm progress bar: shown when ``show_progress``
@@ -229,24 +247,25 @@ class AttentionGraph:
         blocks = self._stream_blocks
         if blocks is None or self._weights is not None:
             return torch.bmm(rows, self.layer(index, out=layer))
-        alpha = self.residual_alpha
-        mask = self.mask.to(rows.dtype)  # (B, n)
-        product = torch.zeros_like(rows)
-        scaled = torch.empty_like(rows)  # u
-        for start, stop, block in blocks(index):  # block (B, R, w): W[start:stop, :w]
-            width = block.shape[-1]
-            sums = torch.bmm(block, mask[:, :width, None]).squeeze(-1).mul_(alpha).add_(1.0 - alpha)  # (B, R)
-            sums = torch.where(sums > 0, sums, torch.ones_like(sums))
-            scaled[..., start:stop] = rows[..., start:stop] * (mask[:, None, start:stop] / sums[:, None, :])
-            product[..., :width].baddbmm_(scaled[..., start:stop], block)
-        return product.mul_(alpha).add_(scaled, alpha=1.0 - alpha).mul_(mask[:, None, :])
+        order = self._order
+        if order is None:
+            return _blockwise_product(blocks(index), rows, self.mask, self.residual_alpha)
+        # The blocks are in the run's order: the rows go there and come back (columns permuted).
+        in_run = rows.gather(-1, order[:, None].expand_as(rows))
+        product = _blockwise_product(blocks(index), in_run, self.mask.gather(1, order), self.residual_alpha)
+        return product.gather(-1, self._back[:, None].expand_as(product))
 
     def rows(self, index: int, positions: Tensor) -> Tensor:
         """Rows ``positions`` (B, S) of :math:`A_l`, layer ``index`` (0-based): (B, S, n) float32.
         A streamed graph with ``fused_rows`` computes only those rows."""
         stream_rows = self._stream_rows
         if stream_rows is not None and self._weights is None:
-            fused = stream_rows(index, positions).float()
+            if self._order is None:
+                fused = stream_rows(index, positions).float()
+            else:  # the positions' rows in the run, their columns back in the graph's order
+                back = self._back
+                fused = stream_rows(index, back.gather(1, positions)).float()
+                fused = fused.gather(2, back[:, None, :].expand_as(fused))
             return _mix_in_place(fused, self.mask, self.residual_alpha, positions)
         batch = torch.arange(positions.shape[0], device=positions.device)[:, None]
         return self.layer(index)[batch, positions]
@@ -264,6 +283,23 @@ class AttentionGraph:
             # One layer at a time: a triu of all layers at once would copy the whole graph.
             self._causal = not any(bool(self.layer(index).triu(1).any()) for index in range(self._num_layers))
         return self._causal
+
+
+def _blockwise_product(
+    blocks: Iterable[tuple[int, int, Tensor]], rows: Tensor, mask: Tensor, alpha: float
+) -> Tensor:
+    """``rows`` (B, c, n) times :math:`A` given as fused ``blocks`` of rows of :math:`W` (see
+    :meth:`AttentionGraph.propagate`), ``mask`` (B, n) the real tokens in the blocks' order."""
+    mask = mask.to(rows.dtype)
+    product = torch.zeros_like(rows)
+    scaled = torch.empty_like(rows)  # u
+    for start, stop, block in blocks:  # block (B, R, w): W[start:stop, :w]
+        width = block.shape[-1]
+        sums = torch.bmm(block, mask[:, :width, None]).squeeze(-1).mul_(alpha).add_(1.0 - alpha)  # (B, R)
+        sums = torch.where(sums > 0, sums, torch.ones_like(sums))
+        scaled[..., start:stop] = rows[..., start:stop] * (mask[:, None, start:stop] / sums[:, None, :])
+        product[..., :width].baddbmm_(scaled[..., start:stop], block)
+    return product.mul_(alpha).add_(scaled, alpha=1.0 - alpha).mul_(mask[:, None, :])
 
 
 def attention_graph(

@@ -165,30 +165,19 @@ def _lean_graph(
     if attention_mask is not None:
         attention_mask = torch.as_tensor(attention_mask).to(inputs.device)
     run_inputs, args, kwargs, order = real_tokens_first_call(inputs, args, attention_mask)
+    # The attention does not depend on the head: without positional arguments (which the base
+    # model may order otherwise) the base model runs alone, so a language model computes no
+    # (B, n, V) logits (its largest tensor, and a fifth of GPT-2-small's forward at n = 4096).
+    runner = model if args else model.base_model
     with torch.no_grad(), unchanged(model), lean_capture(model, head_fusion, inputs.device) as capture:
-        model(run_inputs, *args, **kwargs)
+        runner(run_inputs, *args, **kwargs)
     if not capture.complete:
         return None
-    back = order.argsort(dim=-1) if order is not None else None
-
-    def fused_layer(index: int, out: Tensor | None) -> Tensor:
-        if back is None:
-            return capture.fused_layer(index, out=out)
-        fused = maps_in_order(capture.fused_layer(index)[:, None], back)[:, 0]
-        return fused if out is None else out.copy_(fused)
-
-    def fused_rows(index: int, positions: Tensor) -> Tensor:
-        if back is None:
-            return capture.fused_layer(index, positions)
-        rows = capture.fused_layer(index, back.gather(1, positions))  # the positions' rows in the run
-        return rows.gather(2, back[:, None, :].expand_as(rows))  # and their columns back in order
-
     batch, n = attention_mask.shape if attention_mask is not None else capture.layers[0].query.shape[0::2]
     return AttentionGraph.streamed(
-        fused_layer, capture.num_layers, attention_mask, batch, n, capture.layers[0].query.device,
-        residual_alpha, head_fusion, capture.causal, fused_rows,
-        # Blocks of rows in the run's order: only when that is the inputs' order.
-        capture.fused_blocks if back is None else None,
+        lambda index, out: capture.fused_layer(index, out=out), capture.num_layers, attention_mask, batch, n,
+        capture.layers[0].query.device, residual_alpha, head_fusion, capture.causal, capture.fused_layer,
+        capture.fused_blocks, order,
     )
 
 

@@ -96,9 +96,9 @@ class AttentionScores:
     causal: bool
     softcap: float | None = None
 
-    @property
+    @functools.cached_property
     def attends_causally(self) -> bool:
-        """Whether no query may see a later key (see :func:`attends_causally`)."""
+        """Whether no query may see a later key (see :func:`attends_causally`; read once from the mask)."""
         return attends_causally(self.query.shape[2], self.mask, self.causal)
 
 
@@ -336,7 +336,9 @@ def fused_blocks(
         grad_output, values = gradient[0], _keys(gradient[1], heads)  # values (B, H, d, n_k)
     # Buffers of about _BLOCK_BYTES, reused by every block: fresh (B, H, rows, n) tensors per
     # block cost a page fault per page, as much as the softmax itself at n = 4096.
-    keys_seen_causally = causal and mask is None
+    # Self-attention in which no query sees a later key (a decoder, with or without a padding
+    # mask): a block stops at its last row's key.
+    keys_seen_causally = n == key.shape[2] and scores.attends_causally
     per_head = _head_block_numbers(batch, heads, n, keys.shape[-1])  # numbers in one head's block
     if scratch is None:
         scratch = torch.empty(_scratch_size(scores), dtype=torch.float32, device=query.device)
@@ -344,7 +346,7 @@ def fused_blocks(
     start = 0
     while start < (n if rows is None else min(n, rows)):
         if keys_seen_causally:
-            # Causal attention without a mask: rows start..stop see keys up to ``stop`` only, so
+            # Causal attention: rows start..stop see keys up to ``stop`` only, so
             # the later keys are neither multiplied nor normalised (half the work over the whole
             # map), and early blocks are narrow: as many rows as fit, rows (start + rows) <= per_head.
             fitting = int((math.sqrt(start * start + 4 * per_head) - start) / 2)
@@ -360,8 +362,8 @@ def fused_blocks(
         torch.matmul(query[:, :, start:stop].float() * scaling, keys[..., :width], out=products)
         _capped(products, scores.softcap)  # before the masks: -inf stays -inf
         # (the mask's query axis may be 1, broadcast over the rows)
-        allowed = None if mask is None else mask.expand(*mask.shape[:2], n, mask.shape[-1])[..., start:stop, :]
-        if keys_seen_causally:  # every row sees the keys before ``start``: mask the block's own square only
+        allowed = None if mask is None else mask.expand(*mask.shape[:2], n, mask.shape[-1])[..., start:stop, :width]
+        if keys_seen_causally and mask is None:  # every row sees the keys before ``start``: mask the block's own square only
             later = torch.ones(stop - start, stop - start, dtype=torch.bool, device=query.device).triu(1)
             products[..., start:stop].masked_fill_(later, float("-inf"))
         probabilities = scratch[size : size + numbers].view(shape)

@@ -1,9 +1,13 @@
 """What :func:`~captum_attnflow.reproduce.reproduce` measured, as a :class:`Reproduction`: the
 per-example correlations and ground-truth scores, the fractions and tables derived from them,
-and where they are written (markdown, CSV, a figure)."""
+and how they are written: markdown and CSV tables (ours beside the paper's, one per reference,
+and the ground-truth score) and a figure (Spearman per layer against each reference beside the
+paper's, and the ground-truth score per layer)."""
 
 from __future__ import annotations
 
+import csv
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,9 +15,8 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from captum_attnflow.evaluate import ComparisonResult
-from captum_attnflow.reproduce.figures import reproduction_figure
-from captum_attnflow.reproduce.formatting import reproduction_markdown, write_tables
-from captum_attnflow.reproduce.paper import PAPER_TABLES, paper_table
+from captum_attnflow.reproduce.paper import DENSE, OURS_REFERENCES, PAPER_TABLES, TABLE_NUMBERS, paper_table
+from captum_attnflow.reproduce.scoring import TIE_ATOL
 
 
 @dataclass
@@ -153,7 +156,7 @@ class Reproduction:
             str: markdown, as written to ``reproduction.md`` by :meth:`save`; example in
             :func:`reproduce`.
         """
-        return reproduction_markdown(self)
+        return _markdown(self)
 
     def to_csv(self, directory: str | Path) -> list[Path]:
         """Write one table per reference, ``table1_blank_out.csv``, ``table2_input_gradients.csv``
@@ -165,7 +168,7 @@ class Reproduction:
         Returns:
             list[Path]: the files, tables first (rows as :meth:`table`), ground truth last.
         """
-        return write_tables(self, directory)
+        return _write_tables(self, directory)
 
     def plot(self) -> Figure:
         """One panel per reference (Spearman per layer: ours as lines with a ±std band, the
@@ -174,7 +177,7 @@ class Reproduction:
         Returns:
             matplotlib.figure.Figure: a figure not registered with pyplot (nothing to close).
         """
-        return reproduction_figure(self)
+        return _figure(self)
 
     def save(self, directory: str | Path) -> list[Path]:
         """Write ``reproduction.md``, the CSV files, ``reproduction.png`` and the per-example
@@ -209,3 +212,130 @@ class Reproduction:
 def _fraction(values: np.ndarray) -> np.ndarray:
     """Row means of (K, M) values; NaN when no example has attractors (M = 0), e.g. a few short inputs."""
     return values.mean(1) if values.shape[1] else np.full(values.shape[0], np.nan)
+
+
+def _markdown(result: Reproduction) -> str:
+    accuracy = result.correct.mean()
+    with_attractors = result.correct[result.has_attractors].mean() if result.has_attractors.any() else np.nan
+    blocks = [
+        f"Held-out accuracy of the model: {accuracy:.3f} ({result.num_samples} examples), "
+        f"{with_attractors:.3f} on the {int(result.has_attractors.sum())} with attractors. "
+        f"Seed {result.seed}, {result.seconds:.0f} s."
+    ]
+    blocks += [_spearman_markdown(result, reference) for reference in _references_in_order(result)]
+    blocks.append(_ground_truth_markdown(result))
+    return "\n\n".join(blocks)
+
+
+def _references_in_order(result: Reproduction) -> list[str]:
+    """The references of ``result`` in the order its tables and panels show them: the authors'
+    protocol first when it was asked for, then ours."""
+    references = result.correlations.references
+    return sorted(references, key=lambda reference: reference in OURS_REFERENCES) if result.protocol == "paper" else references
+
+
+def _heading(result: Reproduction, reference: str) -> str:
+    number = TABLE_NUMBERS[paper_table(reference)]
+    if reference in OURS_REFERENCES:
+        ranked = "words ranked, [CLS] too" if result.include_cls else "words ranked, [CLS] left out"
+        return f"Table {number}, our protocol ({ranked}), CLS token after each layer; paper: 2000 examples"
+    spearman = "their dense-rank formula, NaN as 0" if reference.endswith(DENSE) else "average ranks"
+    return f"Table {number}, the authors' protocol (every token ranked, [CLS] included; {spearman}), CLS token after each layer; paper: 2000 examples"
+
+
+def _select(result: Reproduction, reference: str) -> ComparisonResult:
+    scores = {key: values for key, values in result.correlations.scores.items() if key[1] == reference}
+    return ComparisonResult(result.correlations.example_ids, scores)
+
+
+def _spearman_markdown(result: Reproduction, reference: str) -> str:
+    return _heading(result, reference) + "\n\n" + _select(result, reference).to_markdown(beside=result.paper_values())
+
+
+def _ground_truth_markdown(result: Reproduction) -> str:
+    fractions = result.ground_truth()
+    count = len(result.num_attractors)
+    layers = len(fractions[result.methods[0]])
+    lines = [
+        f"Ground truth: fraction of the {count} examples with attractors where the method scores "
+        "the subject above every attractor",
+        "",
+        "| method | " + " | ".join(f"L{layer}" for layer in range(1, layers + 1)) + " |",
+        "|---|" + "---|" * layers,
+    ]
+    for method in result.methods:
+        lines.append(f"| {method} | " + " | ".join(f"{value:.3f}" for value in fractions[method]) + " |")
+    lines += ["", "| reference | model output |", "|---|---|"]
+    for name in (*OURS_REFERENCES, "chance"):
+        lines.append(f"| {name} | {fractions[name][0]:.3f} |")
+    tied = {name: values for name, values in result.ground_truth_ties().items() if values.any()}
+    if tied:
+        listed = "; ".join(f"{name} " + ", ".join(f"{value:.3f}" for value in values) for name, values in tied.items())
+        lines += ["", f"Tied with the highest-scored attractor (within {TIE_ATOL:g}), neither above nor below: {listed}."]
+    return "\n".join(lines)
+
+
+def _write_tables(result: Reproduction, directory: str | Path) -> list[Path]:
+    directory = Path(directory)
+    paths = []
+    for reference in _references_in_order(result):
+        slug = re.sub(r"[^a-z0-9]+", "_", reference.replace("|blank-out|", "abs blank-out")).strip("_")
+        path = directory / f"table{TABLE_NUMBERS[paper_table(reference)]}_{slug}.csv"
+        _select(result, reference).to_csv(path, beside=result.paper_values())
+        paths.append(path)
+    path = directory / "ground_truth.csv"
+    ties = result.ground_truth_ties()
+    rows = [
+        dict(method=name, layer=index + 1 if name in result.methods else "", fraction=value,
+             tied_fraction=ties[name][index] if name in ties else "", examples=len(result.num_attractors))
+        for name, values in result.ground_truth().items()
+        for index, value in enumerate(values)
+    ]
+    _write_csv(path, ["method", "layer", "fraction", "tied_fraction", "examples"], rows)
+    paths.append(path)
+    return paths
+
+
+def _write_csv(path: Path, fields: list[str], rows: list[dict]) -> None:
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fields)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def _figure(result: Reproduction) -> Figure:
+    references = _references_in_order(result)
+    panels = len(references) + 1
+    columns = min(panels, 3)
+    rows = -(-panels // columns)
+    figure = Figure(figsize=(5.2 * columns, 4.2 * rows), layout="constrained")
+    axes = list(figure.subplots(rows, columns, squeeze=False).ravel())
+    for ax in axes[panels:]:
+        ax.set_visible(False)
+    result.correlations.plot(ax=[axes[references.index(r)] for r in result.correlations.references],
+                             beside=result.paper_values())
+    for ax, reference in zip(axes, references):
+        ax.set_ylim(-1.05, 1.05)
+        protocol = "ours" if reference in OURS_REFERENCES else "authors'"
+        ax.set_title(f"Table {TABLE_NUMBERS[paper_table(reference)]} ({protocol}): {reference}")
+        ax.set_ylabel(f"Spearman's rho with {reference}")
+        ax.legend(fontsize="small", ncols=2, loc="lower right")
+    ax = axes[len(references)]
+    fractions = result.ground_truth()
+    ties = result.ground_truth_ties()
+    for index, method in enumerate(result.methods):
+        layers = np.arange(1, len(fractions[method]) + 1)
+        ax.plot(layers, fractions[method], marker="o", color=f"C{index}", label=method)
+        if ties[method].any():
+            ax.plot(layers, fractions[method] + ties[method], linestyle=":", color=f"C{index}",
+                    label=f"{method}, above or tied")
+    for index, name in enumerate((*OURS_REFERENCES, "chance"), start=len(result.methods)):
+        ax.axhline(fractions[name][0], linestyle="--", color=f"C{index}", label=name)
+    ax.set_xticks(layers, [f"L{layer}" for layer in layers])
+    # Fractions reach exactly 1 (flow above or tied): a margin keeps those lines visible.
+    ax.set_ylim(-0.03, 1.03)
+    ax.set_xlabel("layer")
+    ax.set_ylabel("fraction of examples with attractors")
+    ax.set_title("subject scored above every attractor")
+    ax.legend(fontsize="x-small", ncols=2, loc="lower right")
+    return figure

@@ -29,15 +29,15 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor, nn
 
-from captum_attnflow.benchmark import FLOOR, BenchmarkResult, run_task
-from captum_attnflow.benchmark_tasks import VerbLogits, Task
-from captum_attnflow.benchmark_user_data import Columns, encode_rows, load_data, select_rows
+from captum_attnflow.benchmark.runner import FLOOR, BenchmarkResult, run_task
+from captum_attnflow.benchmark.tasks import Task, VerbLogits
+from captum_attnflow.benchmark.user_data import Columns, encode_rows, select_rows
 from captum_attnflow.evaluate import Leaderboard
 from captum_attnflow.hf import token_id
 from captum_attnflow.hf.architectures import ARCHITECTURES
 from captum_attnflow.methods import EXTRA_METHODS, METHODS
 
-__all__ = ["ContrastScore", "applicable_methods", "load_data", "load_model", "run_user_benchmark"]
+__all__ = ["ContrastScore", "applicable_methods", "load_model", "model_kind", "run_user_benchmark"]
 
 DELETIONS = ("remove", "mask", "unk", "pad")
 _ATTENTION = ("raw", "rollout", "flow", "gradient_rollout")
@@ -64,6 +64,7 @@ class ContrastScore(nn.Module):
         self.model = model
 
     def forward(self, input_ids: Tensor, target: Tensor, contrast: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        """(B, 1): the model's score of ``target`` minus its score of ``contrast``, per row."""
         scores = self.model(input_ids, attention_mask=attention_mask)
         scores = getattr(scores, "logits", scores)
         return (scores.gather(-1, target[:, None]) - scores.gather(-1, contrast[:, None])).float()
@@ -153,7 +154,7 @@ def run_user_benchmark(
 ) -> BenchmarkResult:
     """The leaderboard of the methods that apply to ``model`` on ``dataset`` (module docstring).
 
-    Called by :func:`captum_attnflow.benchmark.run_benchmark` with ``model=``, ``tokenizer=``,
+    Called by :func:`~captum_attnflow.benchmark.run_benchmark` with ``model=``, ``tokenizer=``,
     ``dataset=``; the arguments are documented there.
     """
     if deletion not in DELETIONS:

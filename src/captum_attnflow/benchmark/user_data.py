@@ -1,4 +1,4 @@
-"""The user's data for :mod:`captum_attnflow.benchmark_user`: read, checked and encoded into batches.
+"""The user's data for :mod:`captum_attnflow.benchmark.user`: read, checked and encoded into batches.
 
 Everything here runs before the model does, so that a wrong column, an empty file or a label
 the classifier does not have is reported at once, not after minutes of explaining.

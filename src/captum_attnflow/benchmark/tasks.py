@@ -23,7 +23,7 @@ from captum_attnflow.data import encode_examples, generate_chunked_examples, gen
 from captum_attnflow.data.chunking import CHUNK_TAGS
 
 BATCH_SIZE = 32
-SENTENCE_PAIRS = Path(__file__).resolve().parent / "assets" / "sentence_pairs.tsv"
+SENTENCE_PAIRS = Path(__file__).resolve().parent.parent / "assets" / "sentence_pairs.tsv"
 # Probabilities after deleting tokens: ERASER's comprehensiveness and sufficiency, the log-odds
 # of DeepLIFT and the deletion curves' area of AttnLRP, all by removal (ERASER's deletion).
 _CLASS_METRICS = {"comprehensiveness": {}, "sufficiency": {}, "log-odds": {}, "deletion-area": {}}
