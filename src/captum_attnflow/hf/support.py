@@ -1,0 +1,96 @@
+"""Which method runs how on which model family, read from the tables the code itself dispatches on.
+
+Raw attention, rollout and flow recompute each layer's maps from its queries and keys (lean) on
+the model types of :data:`~captum_attnflow.hf.lean.LEAN_MODEL_TYPES`, and otherwise read the maps
+eager attention stores; gradient-weighted rollout does the same on
+:data:`~captum_attnflow.hf.attention_gradients.GRADIENT_MODEL_TYPES`; value zeroing, ALTI, the
+attention norms and AttnLRP need the block internals of
+:data:`~captum_attnflow.hf.architectures.ARCHITECTURES`. :func:`support_table` writes that out as
+the documentation's table (``docs/families.md``, which a test keeps equal to it).
+"""
+
+from __future__ import annotations
+
+from captum_attnflow.hf.architectures import ARCHITECTURES
+from captum_attnflow.hf.attention_gradients import GRADIENT_MODEL_TYPES
+from captum_attnflow.hf.lean import LEAN_MODEL_TYPES
+
+# Each family's name and ``config.model_type`` values, encoders, then decoders, then the rest.
+FAMILIES: dict[str, tuple[str, ...]] = {
+    "BERT": ("bert",),
+    "RoBERTa, XLM-R": ("roberta", "xlm-roberta"),
+    "DistilBERT": ("distilbert",),
+    "ELECTRA": ("electra",),
+    "ALBERT": ("albert",),
+    "ModernBERT": ("modernbert",),
+    "DeBERTa-v2/v3": ("deberta-v2",),
+    "MPNet": ("mpnet",),
+    "GPT-2": ("gpt2",),
+    "GPT-NeoX (Pythia)": ("gpt_neox",),
+    "GPT-J": ("gptj",),
+    "OPT": ("opt",),
+    "Llama": ("llama",),
+    "Mistral": ("mistral",),
+    "Mixtral": ("mixtral",),
+    "Qwen2, Qwen2.5": ("qwen2",),
+    "Qwen3": ("qwen3",),
+    "OLMo 2": ("olmo2",),
+    "Phi-3": ("phi3",),
+    "Gemma 2": ("gemma2",),
+    "Gemma 3 (text)": ("gemma3_text",),
+    "Falcon": ("falcon",),
+    "BLOOM": ("bloom",),
+    "ViT, DeiT": ("vit", "deit"),
+    "BART, mBART, Marian (decoder and co-attention)": ("bart", "mbart", "marian"),
+    "T5 (encoder)": ("t5",),
+    "bundled agreement classifier": ("captum_attnflow_agreement",),
+    "bundled tagger": ("captum_attnflow_tagger",),
+}
+
+# Why a family lacks the block internals, where it does.
+_WITHOUT_INTERNALS = {
+    "deberta-v2": "attention computed outside transformers' interface (relative-position terms)",
+    "mpnet": "attention computed outside transformers' interface (relative position bias)",
+    "falcon": "attention computed outside transformers' interface (ALiBi)",
+    "bloom": "attention computed outside transformers' interface (ALiBi)",
+    "olmo2": "norm on the attention's output before the residual: not a block form of the table",
+    "gemma2": "norms on the attention's output before the residual: not a block form of the table",
+    "gemma3_text": "norms on the attention's output before the residual: not a block form of the table",
+    "bart": "encoder-decoder: these methods explain self-attention stacks",
+    "t5": "encoder-decoder: these methods explain self-attention stacks",
+}
+
+_HEADER = (
+    "| family | `model_type` | raw attention, rollout, flow | gradient-weighted rollout "
+    "| value zeroing, ALTI, attention norm, AttnLRP | note |\n"
+    "|---|---|---|---|---|---|\n"
+)
+
+
+def _one(types: tuple[str, ...], members: frozenset[str] | dict, yes: str, no: str) -> str:
+    found = {t in members for t in types}
+    if len(found) != 1:
+        raise ValueError(f"the model types {types} of one family are not all treated alike; list them as two families.")
+    return yes if found.pop() else no
+
+
+def support_table() -> str:
+    """The families x methods table as markdown: for each family of :data:`FAMILIES`, how each
+    method captures its attention, **lean** (recomputed from the queries and keys, no (H, n, n)
+    map stored) or **stored** (eager attention's maps), and whether the methods that read
+    the block internals run (**yes** / **no**, with the reason).
+
+    Example::
+
+        >>> from captum_attnflow.hf.support import support_table
+        >>> [row for row in support_table().splitlines() if row.startswith("| Qwen3 ")]
+        ['| Qwen3 | qwen3 | lean | lean | yes |  |']
+    """
+    rows = []
+    for family, types in FAMILIES.items():
+        maps = _one(types, LEAN_MODEL_TYPES, "lean", "stored")
+        gradients = _one(types, GRADIENT_MODEL_TYPES, "lean", "stored")
+        internals = _one(types, ARCHITECTURES, "yes", "no")
+        note = "" if internals == "yes" else _WITHOUT_INTERNALS.get(types[0], "")
+        rows.append(f"| {family} | {', '.join(types)} | {maps} | {gradients} | {internals} | {note} |\n")
+    return _HEADER + "".join(rows)
