@@ -35,13 +35,15 @@ import math
 import torch
 
 POST_LN = {"bert", "roberta", "distilbert", "electra"}
-CAUSAL = {"gpt2", "llama", "qwen3", "mixtral"}
+CAUSAL = {"gpt2", "llama", "qwen3", "mixtral", "clip_text_model"}
 KINDS = {
     "bert": "bert",
     "roberta": "bert",
     "electra": "bert",
     "qwen3": "llama",  # with RMSNorm on each head's queries and keys
     "mixtral": "llama",  # with the mixture of experts as its feed-forward
+    "clip_text_model": "clip",
+    "clip_vision_model": "clip",
     "distilbert": "distilbert",
     "gpt2": "gpt2",
     "captum_attnflow_agreement": "gpt2",
@@ -247,7 +249,22 @@ def _vit_layer(layer, config, x, allowed, zero_token=None, layer_index=0):
     return record
 
 
+def _clip_layer(layer, config, x, allowed, zero_token=None, layer_index=0):
+    """A CLIP (or SigLIP) encoder layer: pre-LN, as ViT's with other names."""
+    heads = config.num_attention_heads
+    att = layer.self_attn
+    a = _layer_norm(x, layer.layer_norm1.weight, layer.layer_norm1.bias, layer.layer_norm1.eps)
+    record = {}
+    attn_out = _linear_attention(record, x, a, (att.q_proj, att.k_proj, att.v_proj, att.out_proj), heads, allowed, zero_token)
+    mid = x + attn_out
+    ln2 = layer.layer_norm2
+    out = mid + layer.mlp(_layer_norm(mid, ln2.weight, ln2.bias, ln2.eps))
+    record.update(mid=mid, out=out)
+    return record
+
+
 LAYER_FUNCTIONS = {
+    "clip": _clip_layer,
     "bert": _bert_layer,
     "distilbert": _distilbert_layer,
     "gpt2": _gpt2_layer,
@@ -282,6 +299,8 @@ def layers_of(model):
         return list(base.transformer.layer)
     if kind == "gpt2":
         return list(base.h)
+    if kind == "clip":
+        return list(base.encoder.layers)
     return list(base.layers)  # llama, vit (transformers 5: ViTModel.layers)
 
 
@@ -294,7 +313,7 @@ def float64_copy(model):
 
 
 def _model_inputs(model, inputs, attention_mask):
-    if model_kind(model) == "vit":
+    if model_kind(model) in ("vit", "clip_vision_model"):
         return {"pixel_values": inputs.to(torch.float64)}
     kwargs = {"input_ids": inputs}
     if attention_mask is not None:

@@ -179,3 +179,32 @@ def test_returned_probabilities_give_what_the_interface_gives(monkeypatch):
     torch.testing.assert_close(ours, expected, atol=1e-6, rtol=0)
     with pytest.raises(ValueError, match="ran no attention through"):
         ValueZeroing(model).attribute(ids, attention_mask=mask)
+
+
+def _tower(model_type: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    common = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, initializer_range=0.2)
+    if model_type == "clip_text_model":
+        config = transformers.CLIPTextConfig(vocab_size=60, max_position_embeddings=16, pad_token_id=0, bos_token_id=0,
+                                             eos_token_id=2, **common)
+        return transformers.CLIPTextModel(config).eval()
+    return transformers.CLIPVisionModel(transformers.CLIPVisionConfig(image_size=16, patch_size=8, **common)).eval()
+
+
+@pytest.mark.parametrize("model_type", ["clip_text_model", "clip_vision_model"])
+@pytest.mark.parametrize("maps_of, reference", [(alti_maps, alti_reference), (value_zeroing_maps, value_zeroing_reference),
+                                                (attention_norm_maps, attention_norm_reference)],
+                         ids=["alti", "value_zeroing", "attention_norm"])
+def test_clip_towers_match_reference(model_type, maps_of, reference):
+    """CLIP's text tower (causal, padded) and vision tower (class embedding and patches)."""
+    model = _tower(model_type)
+    if model_type == "clip_text_model":
+        inputs, mask = family_inputs("right", n=7)
+    else:
+        inputs, mask = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(0)), None
+    torch.testing.assert_close(maps_of(model, inputs, None, mask), reference(model, inputs, mask).float(), atol=2e-5, rtol=0)
+
+
+def test_attnlrp_refuses_a_vision_tower_whose_patches_no_module_returns():
+    with pytest.raises(ValueError, match="token embeddings are not a module's output"):
+        AttnLRP(_tower("clip_vision_model")).attribute(torch.randn(1, 3, 16, 16), target=0)

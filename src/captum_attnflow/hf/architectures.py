@@ -66,9 +66,11 @@ class Architecture:
         class_tokens: names of the learned token embeddings (parameters (1, 1, D)) that the
             vision embeddings put before the patches, in order (ViT's ``cls_token``, DeiT's
             ``cls_token`` and ``distillation_token``), on the module holding the patch embeddings.
-        lrp: whether AttnLRP's rules cover every nonlinearity of the family's models (its
-            norms and activations are modules or listed above, the gated product is listed);
-            False where one is a plain function call that no hook can reach.
+        lrp: whether AttnLRP runs on the family's models: its rules cover every nonlinearity
+            (norms and activations are modules or listed above, the gated product is listed)
+            and the token embeddings are a module's output; False where either is not so
+            (CLIP's and SigLIP's vision towers flatten their patch convolution's output outside
+            any module).
     """
 
     blocks: tuple[str, ...]
@@ -161,6 +163,11 @@ def _roberta_head(model: nn.Module) -> list[tuple[nn.Module, nn.Module, Callable
     return [(head.dense, head.out_proj, torch.tanh)]
 
 
+def _clip_after(block: nn.Module, x: Tensor, attention: Tensor) -> Tensor:
+    hidden = x + attention
+    return hidden + block.mlp(block.layer_norm2(hidden))
+
+
 def _vit_after(block: nn.Module, x: Tensor, attention: Tensor) -> Tensor:
     hidden = x + attention
     return hidden + block.mlp(block.layernorm_after(hidden))
@@ -211,6 +218,11 @@ _VIT = Architecture(
     class_tokens=("cls_token", "distillation_token"),
 )
 
+# CLIP's and SigLIP's towers. AttnLRP reads a vision tower's tokens from the module that embeds
+# its patches; theirs is a convolution whose (B, D, h, w) output is flattened outside any module.
+_CLIP_TEXT = Architecture(("CLIPEncoderLayer", "SiglipEncoderLayer"), lambda block: block.self_attn.out_proj, None, _clip_after)
+_CLIP_VISION = dataclasses.replace(_CLIP_TEXT, lrp=False)
+
 ARCHITECTURES: dict[str, Architecture] = {
     "bert": _BERT,
     "roberta": _ROBERTA,
@@ -232,6 +244,10 @@ ARCHITECTURES: dict[str, Architecture] = {
     "mixtral": _MIXTRAL,
     "phi3": _PHI3,
     "vit": _VIT,
+    "clip_text_model": _CLIP_TEXT,
+    "clip_vision_model": _CLIP_VISION,
+    "siglip_text_model": _CLIP_TEXT,
+    "siglip_vision_model": _CLIP_VISION,
     "deit": _VIT,
 }
 

@@ -351,8 +351,8 @@ def attnlrp_forward(
     if not architecture.lrp:
         raise ValueError(
             f"AttnLRP's rules do not cover the {model.config.model_type!r} models: a nonlinearity is a plain "
-            "function call no hook reaches. Use a model type whose row in captum_attnflow.hf.architectures "
-            "covers it, or a method of the registry without rules."
+            "function call no hook reaches, or the token embeddings are not a module's output (the row of "
+            "captum_attnflow.hf.architectures says which). Use a method of the registry without rules."
         )
     check_device(module, inputs)
     args = as_tuple(additional_forward_args)

@@ -11,6 +11,8 @@ the documentation's table (``docs/families.md``, which a test keeps equal to it)
 
 from __future__ import annotations
 
+from typing import Collection
+
 from captum_attnflow.hf.architectures import ARCHITECTURES
 from captum_attnflow.hf.attention_gradients import GRADIENT_MODEL_TYPES
 from captum_attnflow.hf.lean import LEAN_MODEL_TYPES
@@ -41,33 +43,39 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "Falcon": ("falcon",),
     "BLOOM": ("bloom",),
     "ViT, DeiT": ("vit", "deit"),
+    "DINOv2": ("dinov2",),
+    "CLIP, SigLIP text towers": ("clip_text_model", "siglip_text_model"),
+    "CLIP, SigLIP vision towers": ("clip_vision_model", "siglip_vision_model"),
     "BART, mBART, Marian (decoder and co-attention)": ("bart", "mbart", "marian"),
     "T5 (encoder)": ("t5",),
     "bundled agreement classifier": ("captum_attnflow_agreement",),
     "bundled tagger": ("captum_attnflow_tagger",),
 }
 
-# Why a family lacks the block internals, where it does.
+# Why a family lacks the block internals, or AttnLRP, where it does.
 _WITHOUT_INTERNALS = {
     "deberta-v2": "attention computed outside transformers' interface (relative-position terms)",
     "mpnet": "attention computed outside transformers' interface (relative position bias)",
     "falcon": "attention computed outside transformers' interface (ALiBi)",
     "bloom": "attention computed outside transformers' interface (ALiBi)",
     "olmo2": "norm on the attention's output before the residual: not a block form of the table",
+    "dinov2": "layer scale on the attention's output before the residual: not a block form of the table",
     "gemma2": "norms on the attention's output before the residual: not a block form of the table",
     "gemma3_text": "norms on the attention's output before the residual: not a block form of the table",
     "bart": "encoder-decoder: these methods explain self-attention stacks",
     "t5": "encoder-decoder: these methods explain self-attention stacks",
+    "clip_vision_model": "AttnLRP: the patch convolution's output is flattened outside any module",
 }
 
 _HEADER = (
     "| family | `model_type` | raw attention, rollout, flow | gradient-weighted rollout "
-    "| value zeroing, ALTI, attention norm, AttnLRP | note |\n"
-    "|---|---|---|---|---|---|\n"
+    "| value zeroing, ALTI, attention norm | AttnLRP | note |\n"
+    "|---|---|---|---|---|---|---|\n"
 )
 
 
-def _one(types: tuple[str, ...], members: frozenset[str] | dict, yes: str, no: str) -> str:
+def _one(types: tuple[str, ...], members: Collection[str], yes: str, no: str) -> str:
+    """``yes`` if every type of one family is in ``members``, ``no`` if none is."""
     found = {t in members for t in types}
     if len(found) != 1:
         raise ValueError(f"the model types {types} of one family are not all treated alike; list them as two families.")
@@ -78,19 +86,20 @@ def support_table() -> str:
     """The families x methods table as markdown: for each family of :data:`FAMILIES`, how each
     method captures its attention, **lean** (recomputed from the queries and keys, no (H, n, n)
     map stored) or **stored** (eager attention's maps), and whether the methods that read
-    the block internals run (**yes** / **no**, with the reason).
+    the block internals and AttnLRP run (**yes** / **no**, with the reason).
 
     Example::
 
         >>> from captum_attnflow.hf.support import support_table
         >>> [row for row in support_table().splitlines() if row.startswith("| Qwen3 ")]
-        ['| Qwen3 | qwen3 | lean | lean | yes |  |']
+        ['| Qwen3 | qwen3 | lean | lean | yes | yes |  |']
     """
     rows = []
     for family, types in FAMILIES.items():
         maps = _one(types, LEAN_MODEL_TYPES, "lean", "stored")
         gradients = _one(types, GRADIENT_MODEL_TYPES, "lean", "stored")
         internals = _one(types, ARCHITECTURES, "yes", "no")
-        note = "" if internals == "yes" else _WITHOUT_INTERNALS.get(types[0], "")
-        rows.append(f"| {family} | {', '.join(types)} | {maps} | {gradients} | {internals} | {note} |\n")
+        rules = _one(types, {t for t in types if t in ARCHITECTURES and ARCHITECTURES[t].lrp}, "yes", "no")
+        note = "" if rules == "yes" else _WITHOUT_INTERNALS.get(types[0], "")
+        rows.append(f"| {family} | {', '.join(types)} | {maps} | {gradients} | {internals} | {rules} | {note} |\n")
     return _HEADER + "".join(rows)
