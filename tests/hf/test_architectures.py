@@ -15,6 +15,12 @@ from captum_attnflow.models import AgreementConfig, AgreementModel
 from captum_attnflow.models.tagger import TaggerModel, bundled_tagger_config
 
 SMALL = dict(num_hidden_layers=3, max_position_embeddings=64, **TINY)
+TOWERS = {
+    "clip_text_model": ("text", transformers.CLIPTextModel),
+    "clip_vision_model": ("vision", transformers.CLIPVisionModel),
+    "siglip_text_model": ("text", transformers.SiglipTextModel),
+    "siglip_vision_model": ("vision", transformers.SiglipVisionModel),
+}
 VISION = dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64, image_size=16, patch_size=8)
 
 
@@ -28,6 +34,10 @@ def _model(model_type: str) -> torch.nn.Module:
         config = transformers.DistilBertConfig(vocab_size=60, dim=32, n_heads=4, hidden_dim=64, n_layers=3)
     elif model_type in ("vit", "deit"):
         config = transformers.AutoConfig.for_model(model_type, **VISION)
+    elif model_type in TOWERS:
+        kind, model_class = TOWERS[model_type]
+        settings = VISION if kind == "vision" else SMALL
+        return model_class(transformers.AutoConfig.for_model(model_type, **settings)).eval()
     elif model_type in ("llama", "mistral", "qwen2"):
         config = transformers.AutoConfig.for_model(model_type, num_key_value_heads=2, **SMALL)
     elif model_type in FAMILIES:
@@ -40,7 +50,7 @@ def _model(model_type: str) -> torch.nn.Module:
 @pytest.mark.parametrize("model_type", sorted(ARCHITECTURES))
 def test_each_block_is_rebuilt_from_its_pieces(model_type):
     model = _model(model_type)
-    vision = model_type in ("vit", "deit")
+    vision = model_type in ("vit", "deit") or TOWERS.get(model_type, ("",))[0] == "vision"
     inputs = torch.randn(2, 3, 16, 16) if vision else torch.randint(5, 60, (2, 7))
     architecture, blocks = architecture_of(model, "test")
     assert len(blocks) == 3
