@@ -208,3 +208,52 @@ def test_clip_towers_match_reference(model_type, maps_of, reference):
 def test_attnlrp_refuses_a_vision_tower_whose_patches_no_module_returns():
     with pytest.raises(ValueError, match="token embeddings are not a module's output"):
         AttnLRP(_tower("clip_vision_model")).attribute(torch.randn(1, 3, 16, 16), target=0)
+
+
+# Norms (Gemma 2/3, OLMo 2) or a layer scale (DINOv2) on the attention's output before the
+# residual; Gemma 2 without its soft-capping and window here (the reference has neither).
+POST_NORMED = {
+    "gemma2": dict(attn_logit_softcapping=None, final_logit_softcapping=None, sliding_window=64, query_pre_attn_scalar=8),
+    "gemma3_text": dict(sliding_window=64, query_pre_attn_scalar=8),
+    "olmo2": {},
+}
+
+
+def _post_normed(model_type: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    if model_type == "dinov2":
+        config = transformers.Dinov2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                                           image_size=16, patch_size=8, initializer_range=0.2, layerscale_value=0.7)
+        model = transformers.Dinov2Model(config).eval()
+        with torch.no_grad():  # a scale that differs by channel
+            for layer in model.encoder.layer:
+                layer.layer_scale1.lambda1.uniform_(0.2, 1.5)
+        return model
+    return transformers.AutoModelForCausalLM.from_config(family_config(model_type, **POST_NORMED[model_type])).eval()
+
+
+@pytest.mark.parametrize("model_type", ["dinov2", "gemma2", "gemma3_text", "olmo2"])
+@pytest.mark.parametrize("maps_of, reference", [(alti_maps, alti_reference), (value_zeroing_maps, value_zeroing_reference)],
+                         ids=["alti", "value_zeroing"])
+def test_norms_on_the_attention_output_match_reference(model_type, maps_of, reference):
+    model = _post_normed(model_type)
+    if model_type == "dinov2":
+        inputs, mask = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(0)), None
+    else:
+        inputs, mask = family_inputs("right", n=7)
+    torch.testing.assert_close(maps_of(model, inputs, None, mask), reference(model, inputs, mask).float(), atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize("model_type", ["gemma3_text", "olmo2"])
+def test_attnlrp_conserves_through_gemma_and_olmo_norms(model_type):
+    """Gemma 3's RMS norms scale by 1 + w, OLMo 2's by w, on the attention's and the feed-forward's
+    outputs: their identity rule (the ratio y / x) conserves, so with the values zeroed the tokens
+    share the logit."""
+    model = _post_normed(model_type).double()
+    ids, _ = family_inputs("none", batch=1)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.v_proj.weight.zero_()
+        logit = model(ids).logits[0, 8, 7]
+    relevance = AttnLRP(model).attribute(ids, target=7, position=8)
+    assert float(relevance.sum()) == pytest.approx(float(logit), rel=1e-6)

@@ -32,7 +32,7 @@ def _model(model_type: str) -> torch.nn.Module:
         return TaggerModel(bundled_tagger_config(num_hidden_layers=3)).eval()
     if model_type == "distilbert":
         config = transformers.DistilBertConfig(vocab_size=60, dim=32, n_heads=4, hidden_dim=64, n_layers=3)
-    elif model_type in ("vit", "deit"):
+    elif model_type in ("vit", "deit", "dinov2"):
         config = transformers.AutoConfig.for_model(model_type, **VISION)
     elif model_type in TOWERS:
         kind, model_class = TOWERS[model_type]
@@ -41,7 +41,8 @@ def _model(model_type: str) -> torch.nn.Module:
     elif model_type in ("llama", "mistral", "qwen2"):
         config = transformers.AutoConfig.for_model(model_type, num_key_value_heads=2, **SMALL)
     elif model_type in FAMILIES:
-        config = family_config(model_type, num_hidden_layers=3, n_layer=3)
+        layers = dict(layer_types=["sliding_attention", "full_attention", "sliding_attention"]) if model_type == "gemma3_text" else {}
+        config = family_config(model_type, num_hidden_layers=3, n_layer=3, **layers)
     else:
         config = transformers.AutoConfig.for_model(model_type, **SMALL)
     return transformers.AutoModel.from_config(config).eval()
@@ -50,7 +51,7 @@ def _model(model_type: str) -> torch.nn.Module:
 @pytest.mark.parametrize("model_type", sorted(ARCHITECTURES))
 def test_each_block_is_rebuilt_from_its_pieces(model_type):
     model = _model(model_type)
-    vision = model_type in ("vit", "deit") or TOWERS.get(model_type, ("",))[0] == "vision"
+    vision = model_type in ("vit", "deit", "dinov2") or TOWERS.get(model_type, ("",))[0] == "vision"
     inputs = torch.randn(2, 3, 16, 16) if vision else torch.randint(5, 60, (2, 7))
     architecture, blocks = architecture_of(model, "test")
     assert len(blocks) == 3

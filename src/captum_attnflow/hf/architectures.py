@@ -57,6 +57,11 @@ class Architecture:
             gate is held, its relevance goes to :math:`u`, the signal-take-all rule of Arras et
             al., 2017). Value zeroing runs the block as it is (routed anew for each zeroed
             token); ALTI and the attention norms do not read the feed-forward.
+        attention_norm: ``block -> module`` applied token by token to the attention's output
+            before the residual, :math:`y = x + N(a)` with N linear given token i's statistics,
+            :math:`N(a_i) = s_i \\odot a_i` (Gemma 2/3's and OLMo 2's post-attention RMS norms,
+            :math:`s_i = w / \\mathrm{rms}(a_i)`; DINOv2's layer scale, :math:`s_i = \\lambda`):
+            ALTI reads :math:`s_i = N(a_i) / a_i`. None where the attention's output is added as it is.
         layer_order: ``model -> blocks`` in the order the model calls them, where one block module
             runs several times (ALBERT's shared layers); None: each block module once, in order.
         function_activations: ``model -> [(producer, consumer, f)]`` for an element-wise ``f``
@@ -84,6 +89,7 @@ class Architecture:
     held_constant: Callable[[nn.Module], tuple[nn.Module, ...]] | None = None
     layer_order: Callable[[nn.Module], list[nn.Module]] | None = None
     function_activations: Callable[[nn.Module], list[tuple[nn.Module, nn.Module, Callable[[Tensor], Tensor]]]] | None = None
+    attention_norm: Callable[[nn.Module], nn.Module] | None = None
 
 
 def _bert_after(block: nn.Module, x: Tensor, attention: Tensor) -> Tensor:
@@ -163,6 +169,21 @@ def _roberta_head(model: nn.Module) -> list[tuple[nn.Module, nn.Module, Callable
     return [(head.dense, head.out_proj, torch.tanh)]
 
 
+def _gemma_after(block: nn.Module, x: Tensor, attention: Tensor) -> Tensor:
+    hidden = x + block.post_attention_layernorm(attention)
+    return hidden + block.post_feedforward_layernorm(block.mlp(block.pre_feedforward_layernorm(hidden)))
+
+
+def _olmo2_after(block: nn.Module, x: Tensor, attention: Tensor) -> Tensor:
+    hidden = x + block.post_attention_layernorm(attention)
+    return hidden + block.post_feedforward_layernorm(block.mlp(hidden))
+
+
+def _dinov2_after(block: nn.Module, x: Tensor, attention: Tensor) -> Tensor:
+    hidden = x + block.layer_scale1(attention)
+    return hidden + block.layer_scale2(block.mlp(block.norm2(hidden)))
+
+
 def _clip_after(block: nn.Module, x: Tensor, attention: Tensor) -> Tensor:
     hidden = x + attention
     return hidden + block.mlp(block.layer_norm2(hidden))
@@ -218,6 +239,24 @@ _VIT = Architecture(
     class_tokens=("cls_token", "distillation_token"),
 )
 
+# Norms on the attention's output before the residual (and on the feed-forward's): Gemma 2 and 3
+# (input norms too), OLMo 2 (no input norm). Gemma 2's soft-capping, in its attention and on its
+# final logits (a plain torch.tanh after the last module), has no rule in AttnLRP.
+_GEMMA3 = Architecture(
+    ("Gemma2DecoderLayer", "Gemma3DecoderLayer"), lambda block: block.self_attn.o_proj, None, _gemma_after,
+    gated_unit=lambda block: (block.mlp.act_fn, block.mlp.up_proj), attention_norm=lambda block: block.post_attention_layernorm,
+)
+_GEMMA2 = dataclasses.replace(_GEMMA3, lrp=False)
+_OLMO2 = Architecture(
+    ("Olmo2DecoderLayer",), lambda block: block.self_attn.o_proj, None, _olmo2_after,
+    gated_unit=lambda block: (block.mlp.act_fn, block.mlp.up_proj), attention_norm=lambda block: block.post_attention_layernorm,
+)
+# DINOv2's layer scales; its patch convolution's output is flattened outside any module, as CLIP's.
+_DINOV2 = Architecture(
+    ("Dinov2Layer",), lambda block: block.attention.o_proj, None, _dinov2_after,
+    attention_norm=lambda block: block.layer_scale1, lrp=False,
+)
+
 # CLIP's and SigLIP's towers. AttnLRP reads a vision tower's tokens from the module that embeds
 # its patches; theirs is a convolution whose (B, D, h, w) output is flattened outside any module.
 _CLIP_TEXT = Architecture(("CLIPEncoderLayer", "SiglipEncoderLayer"), lambda block: block.self_attn.out_proj, None, _clip_after)
@@ -243,6 +282,10 @@ ARCHITECTURES: dict[str, Architecture] = {
     "qwen3": _LLAMA,
     "mixtral": _MIXTRAL,
     "phi3": _PHI3,
+    "olmo2": _OLMO2,
+    "gemma2": _GEMMA2,
+    "gemma3_text": _GEMMA3,
+    "dinov2": _DINOV2,
     "vit": _VIT,
     "clip_text_model": _CLIP_TEXT,
     "clip_vision_model": _CLIP_VISION,
@@ -255,6 +298,9 @@ ARCHITECTURES: dict[str, Architecture] = {
 # Root-mean-square norms, :math:`y = w \odot x / \sqrt{\overline{x^2} + \epsilon}` with ``weight``
 # w and ``variance_epsilon`` (LayerNorms are ``nn.LayerNorm``).
 RMS_NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MixtralRMSNorm", "Phi3RMSNorm")
+# RMS norms of other forms, :math:`y = w' \odot x / \sqrt{\overline{x^2} + \epsilon}` with
+# w' = 1 + w (Gemma) or w (OLMo 2): AttnLRP's identity rule on them is the ratio y / x.
+SCALED_RMS_NORMS = ("Gemma2RMSNorm", "Gemma3RMSNorm", "Olmo2RMSNorm")
 
 
 def architecture_of(forward_func: object, method: str) -> tuple[Architecture, list[nn.Module]]:

@@ -43,7 +43,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from captum_attnflow.hf.architectures import RMS_NORMS, Architecture, architecture_of
+from captum_attnflow.hf.architectures import RMS_NORMS, SCALED_RMS_NORMS, Architecture, architecture_of
 from captum_attnflow.hf.capture import in_run_order, real_tokens_first_call
 from captum_attnflow.hf.dispatch import onloaded
 from captum_attnflow.hf.inputs import as_tuple, check_mask_not_in_args, mask_keyword
@@ -257,9 +257,11 @@ def _rule_hooks(model: nn.Module, architecture: Architecture, blocks: list[nn.Mo
             hooks.append((module, _layer_norm_rule))
         elif name in RMS_NORMS:
             hooks.append((module, _rms_norm_rule))
+        elif name in SCALED_RMS_NORMS:  # y = w' x / sigma: the gradient at sigma held is y / x
+            hooks.append((module, _activation_rule(1.0)))
         elif "Norm" in name:
             raise ValueError(
-                f"AttnLRP knows LayerNorm and the RMS norms {RMS_NORMS}; the model has a {name}, whose "
+                f"AttnLRP knows LayerNorm and the RMS norms {RMS_NORMS + SCALED_RMS_NORMS}; the model has a {name}, whose "
                 "identity rule needs its formula: add it to captum_attnflow.hf.architectures."
             )
         elif _is_activation(module):
