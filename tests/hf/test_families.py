@@ -85,7 +85,8 @@ def test_the_model_computes_its_own_outputs_during_lean_capture(model_type):
     assert capture.complete
 
 
-@pytest.mark.parametrize("model_type", FAMILY_TYPES)
+@pytest.mark.parametrize("model_type", [t if t in ("gemma2", "modernbert") else pytest.param(t, marks=pytest.mark.slow)
+                                        for t in sorted(FAMILIES)])
 def test_gradient_weighted_rollout_lean_equals_stored(model_type):
     model = make_family_model(model_type)
     for side in ("right", "left"):
@@ -171,7 +172,8 @@ class _PooledScores(torch.nn.Module):
         return self.head(self.tower(inputs, **kwargs).pooler_output)
 
 
-@pytest.mark.parametrize("kind", ["clip_text_model", "siglip_text_model", "clip_vision_model", "siglip_vision_model", "dinov2"])
+@pytest.mark.parametrize("kind", ["clip_text_model", "clip_vision_model", "dinov2", pytest.param("siglip_text_model", marks=pytest.mark.slow),
+                                  pytest.param("siglip_vision_model", marks=pytest.mark.slow)])
 def test_clip_siglip_and_dinov2_towers_go_lean(kind):
     model = _tower(kind)
     if "text" in kind:
