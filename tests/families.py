@@ -34,8 +34,9 @@ FAMILIES = {
 DECODERS = {"qwen3", "olmo2", "phi3", "gpt_neox", "mixtral", "gemma2", "gemma3_text", "opt", "gptj"}
 
 
-def family_config(model_type: str) -> transformers.PretrainedConfig:
-    return transformers.AutoConfig.for_model(model_type, **{**_COMMON, **FAMILIES[model_type]})
+def family_config(model_type: str, **overrides) -> transformers.PretrainedConfig:
+    """The tiny config of ``model_type``, with ``overrides``."""
+    return transformers.AutoConfig.for_model(model_type, **{**_COMMON, **FAMILIES[model_type], **overrides})
 
 
 def make_family_model(model_type: str, seed: int = 0) -> torch.nn.Module:

@@ -20,8 +20,9 @@ Every node also books what its inputs do not receive (:data:`LEDGER` kinds: ``bi
 ``softmax``), and the embedding leaves are ``token`` or ``other`` (position, token type), so
 ``token + other + bias + softmax = logit``.
 
-Supported: BertForSequenceClassification, GPT2LMHeadModel, LlamaForCausalLM (grouped-query heads,
-default rotary, with or without biases), ViTForImageClassification.
+Supported: BertForSequenceClassification, RobertaForSequenceClassification (its head's tanh by the
+identity rule), GPT2LMHeadModel, LlamaForCausalLM (grouped-query heads, default rotary, with or
+without biases), ViTForImageClassification.
 """
 
 from __future__ import annotations
@@ -186,11 +187,14 @@ class _Tape:
 
 
 def _bert(model, ids):
-    bert, config = model.bert, model.config
+    """BERT, or RoBERTa (positions counted from its pad id + 1, its head dense -> tanh -> out_proj)."""
+    roberta = model.config.model_type == "roberta"
+    bert, config = model.base_model, model.config
     n = ids.shape[0]
     tape = _Tape()
     token = tape.leaf(bert.embeddings.word_embeddings.weight[ids], "token")
-    position = tape.leaf(bert.embeddings.position_embeddings.weight[:n], "other")
+    first = config.pad_token_id + 1 if roberta else 0
+    position = tape.leaf(bert.embeddings.position_embeddings.weight[first : first + n], "other")
     kind = tape.leaf(bert.embeddings.token_type_embeddings.weight[torch.zeros(n, dtype=torch.long)], "other")
     h = tape.layer_norm(tape.add(token, position, kind), bert.embeddings.LayerNorm)
     allowed = torch.ones(n, n, dtype=torch.bool)
@@ -206,6 +210,10 @@ def _bert(model, ids):
                               layer.intermediate.intermediate_act_fn)
         h = tape.layer_norm(tape.add(tape.linear(inner, layer.output.dense.weight, layer.output.dense.bias), h),
                             layer.output.LayerNorm)
+    if roberta:
+        head = model.classifier
+        pooled = tape.identity(tape.linear(tape.take(h, 0), head.dense.weight, head.dense.bias), torch.tanh)
+        return tape, tape.linear(pooled, head.out_proj.weight, head.out_proj.bias)
     pooled = tape.identity(tape.linear(tape.take(h, 0), bert.pooler.dense.weight, bert.pooler.dense.bias), torch.tanh)
     logits = tape.linear(pooled, model.classifier.weight, model.classifier.bias)
     return tape, logits
@@ -306,7 +314,7 @@ def attnlrp_reference(model, inputs, target, attention_mask=None, position=None)
             else:
                 real = torch.arange(inputs.shape[1]) if attention_mask is None else attention_mask[b].nonzero().flatten()
                 ids = inputs[b, real]
-                if kind == "bert":
+                if kind in ("bert", "roberta"):
                     tape, logits = _bert(model64, ids)
                 else:
                     where = int((real == int(position[b])).nonzero())

@@ -34,11 +34,20 @@ import math
 
 import torch
 
-POST_LN = {"bert", "roberta", "distilbert"}
-CAUSAL = {"gpt2", "llama"}
+POST_LN = {"bert", "roberta", "distilbert", "electra"}
+CAUSAL = {"gpt2", "llama", "qwen3", "mixtral", "clip_text_model", "gemma2", "gemma3_text", "olmo2"}
 KINDS = {
     "bert": "bert",
     "roberta": "bert",
+    "electra": "bert",
+    "qwen3": "llama",  # with RMSNorm on each head's queries and keys
+    "mixtral": "llama",  # with the mixture of experts as its feed-forward
+    "gemma2": "post_norm",
+    "gemma3_text": "post_norm",
+    "olmo2": "post_norm",
+    "dinov2": "dinov2",
+    "clip_text_model": "clip",
+    "clip_vision_model": "clip",
     "distilbert": "distilbert",
     "gpt2": "gpt2",
     "captum_attnflow_agreement": "gpt2",
@@ -209,8 +218,11 @@ def _llama_layer(layer, config, x, allowed, zero_token=None, layer_index=0):
     att = layer.self_attn
     a = _rms_norm(x, layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon)
     positions = torch.arange(x.shape[1])  # LlamaModel's default position_ids
-    q = _rotary(_split_heads(_linear(a, att.q_proj), heads), positions, rope["rope_theta"])
-    k = _rotary(_split_heads(_linear(a, att.k_proj), kv_heads), positions, rope["rope_theta"])
+    q, k = _split_heads(_linear(a, att.q_proj), heads), _split_heads(_linear(a, att.k_proj), kv_heads)
+    if hasattr(att, "q_norm"):  # Qwen3: each head's queries and keys RMS-normed before the rotation
+        q = _rms_norm(q, att.q_norm.weight, att.q_norm.variance_epsilon)
+        k = _rms_norm(k, att.k_norm.weight, att.k_norm.variance_epsilon)
+    q, k = _rotary(q, positions, rope["rope_theta"]), _rotary(k, positions, rope["rope_theta"])
     v = _zero_token_value(_split_heads(_linear(a, att.v_proj), kv_heads), zero_token)
     # grouped-query attention: query head h reads key/value head h // (heads / kv_heads)
     group = heads // kv_heads
@@ -241,7 +253,88 @@ def _vit_layer(layer, config, x, allowed, zero_token=None, layer_index=0):
     return record
 
 
+def _rms_scale(x, norm):
+    """The factor w' / sqrt(mean(x²) + eps) of a model's RMS norm module on x: w' = 1 + w for Gemma's, w for the others."""
+    eps = norm.variance_epsilon if hasattr(norm, "variance_epsilon") else norm.eps
+    weight = 1 + norm.weight if type(norm).__name__.startswith("Gemma") else norm.weight
+    return weight / torch.sqrt((x**2).mean(-1, keepdim=True) + eps)
+
+
+def _rms_norm_of(x, norm):
+    """A model's RMS norm module, written out."""
+    return x * _rms_scale(x, norm)
+
+
+def _post_norm_layer(layer, config, x, allowed, zero_token=None, layer_index=0):
+    """Gemma 2/3 and OLMo 2: RMS norms on the attention's and the feed-forward's outputs before
+    the residual (Gemma: on their inputs too); queries and keys RMS-normed per head (Gemma 3) or
+    over all heads at once (OLMo 2). The attention output's norm is linear given token i's own
+    statistics: record["attention_scale"] s_i = w' / rms(attn_out_i), mid = x + s ⊙ attn_out."""
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    att = layer.self_attn
+    gemma = hasattr(layer, "input_layernorm")
+    a = _rms_norm_of(x, layer.input_layernorm) if gemma else x
+    q, k = _linear(a, att.q_proj), _linear(a, att.k_proj)
+    olmo = config.model_type == "olmo2"
+    if olmo:
+        q, k = _rms_norm_of(q, att.q_norm), _rms_norm_of(k, att.k_norm)
+    q, k = _split_heads(q, heads), _split_heads(k, kv_heads)
+    if hasattr(att, "q_norm") and not olmo:
+        q, k = _rms_norm_of(q, att.q_norm), _rms_norm_of(k, att.k_norm)
+    rope = config.rope_parameters
+    theta = rope["rope_theta"] if "rope_theta" in rope else rope[config.layer_types[layer_index]]["rope_theta"]
+    positions = torch.arange(x.shape[1])
+    q, k = _rotary(q, positions, theta), _rotary(k, positions, theta)
+    v = _zero_token_value(_split_heads(_linear(a, att.v_proj), kv_heads), zero_token)
+    group = heads // kv_heads
+    k = torch.stack([k[:, h // group] for h in range(heads)], dim=1)
+    v = torch.stack([v[:, h // group] for h in range(heads)], dim=1)
+    scale = config.query_pre_attn_scalar**-0.5 if gemma else q.shape[-1] ** -0.5
+    A = _attention_probabilities(q, k, allowed, scale)
+    record = {}
+    attn_out = _finish(record, x, A, v, _output_heads(att.o_proj.weight.T, heads), torch.zeros(x.shape[-1], dtype=x.dtype))
+    attention_scale = _rms_scale(attn_out, layer.post_attention_layernorm)
+    mid = x + attention_scale * attn_out
+    inner = layer.mlp(_rms_norm_of(mid, layer.pre_feedforward_layernorm) if gemma else mid)
+    out = mid + _rms_norm_of(inner, layer.post_feedforward_layernorm)
+    record.update(mid=mid, out=out, attention_scale=attention_scale)
+    return record
+
+
+def _dinov2_layer(layer, config, x, allowed, zero_token=None, layer_index=0):
+    """DINOv2: ViT's block with a learned per-channel scale λ on the attention's and the
+    feed-forward's outputs before the residual (record["attention_scale"] = λ)."""
+    heads = config.num_attention_heads
+    att = layer.attention
+    a = _layer_norm(x, layer.norm1.weight, layer.norm1.bias, layer.norm1.eps)
+    record = {}
+    attn_out = _linear_attention(record, x, a, (att.q_proj, att.k_proj, att.v_proj, att.o_proj), heads, allowed, zero_token)
+    scale = layer.layer_scale1.lambda1
+    mid = x + scale * attn_out
+    inner = layer.mlp(_layer_norm(mid, layer.norm2.weight, layer.norm2.bias, layer.norm2.eps))
+    out = mid + layer.layer_scale2.lambda1 * inner
+    record.update(mid=mid, out=out, attention_scale=scale.expand_as(attn_out))
+    return record
+
+
+def _clip_layer(layer, config, x, allowed, zero_token=None, layer_index=0):
+    """A CLIP (or SigLIP) encoder layer: pre-LN, as ViT's with other names."""
+    heads = config.num_attention_heads
+    att = layer.self_attn
+    a = _layer_norm(x, layer.layer_norm1.weight, layer.layer_norm1.bias, layer.layer_norm1.eps)
+    record = {}
+    attn_out = _linear_attention(record, x, a, (att.q_proj, att.k_proj, att.v_proj, att.out_proj), heads, allowed, zero_token)
+    mid = x + attn_out
+    ln2 = layer.layer_norm2
+    out = mid + layer.mlp(_layer_norm(mid, ln2.weight, ln2.bias, ln2.eps))
+    record.update(mid=mid, out=out)
+    return record
+
+
 LAYER_FUNCTIONS = {
+    "clip": _clip_layer,
+    "post_norm": _post_norm_layer,
+    "dinov2": _dinov2_layer,
     "bert": _bert_layer,
     "distilbert": _distilbert_layer,
     "gpt2": _gpt2_layer,
@@ -276,6 +369,10 @@ def layers_of(model):
         return list(base.transformer.layer)
     if kind == "gpt2":
         return list(base.h)
+    if kind == "clip":
+        return list(base.encoder.layers)
+    if kind == "dinov2":
+        return list(base.encoder.layer)
     return list(base.layers)  # llama, vit (transformers 5: ViTModel.layers)
 
 
@@ -288,7 +385,7 @@ def float64_copy(model):
 
 
 def _model_inputs(model, inputs, attention_mask):
-    if model_kind(model) == "vit":
+    if model_kind(model) in ("vit", "clip_vision_model", "dinov2"):
         return {"pixel_values": inputs.to(torch.float64)}
     kwargs = {"input_ids": inputs}
     if attention_mask is not None:
@@ -487,7 +584,13 @@ def alti_reference(model, inputs, attention_mask) -> torch.Tensor:
         for record in records:
             T = transformed_vectors(record)
             y = record["mid"]
-            if post_ln:
+            if "attention_scale" in record:  # a scale on the attention's output before the residual
+                scale = record["attention_scale"]
+                T = weighted_value_vectors(record) * scale[:, :, None, :]
+                for i in range(T.shape[1]):
+                    T[:, i, i] = T[:, i, i] + record["x"][:, i]
+                bias_term = record["b_O"] * scale
+            elif post_ln:
                 gamma, beta, eps = record["ln1"]
                 pre = record["pre_ln1"]
                 s = torch.sqrt(((pre - pre.mean(-1, keepdim=True)) ** 2).mean(-1) + eps)  # (B, n)

@@ -35,6 +35,10 @@ def _model(kind: str) -> torch.nn.Module:
     if kind == "bert":
         config = transformers.BertConfig(num_hidden_layers=2, max_position_embeddings=16, num_labels=3, **TINY)
         return _random_biases(transformers.BertForSequenceClassification(config))
+    if kind == "roberta":  # its classification head calls torch.tanh
+        config = transformers.RobertaConfig(num_hidden_layers=2, max_position_embeddings=20, num_labels=3, pad_token_id=1,
+                                            **TINY)
+        return _random_biases(transformers.RobertaForSequenceClassification(config))
     if kind == "gpt2":
         config = transformers.GPT2Config(vocab_size=60, n_embd=32, n_head=4, n_layer=2, n_positions=16, initializer_range=0.2)
         return _random_biases(transformers.GPT2LMHeadModel(config))
@@ -57,7 +61,7 @@ def _left(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     return ids.new_zeros(ids.shape).scatter(1, where, ids), mask.new_zeros(mask.shape).scatter(1, where, mask)
 
 
-CASES = [("bert", "right"), ("gpt2", "right"), ("gpt2", "left"), ("llama", "left"), ("llama_bias", "right"), ("vit", None)]
+CASES = [("bert", "right"), ("roberta", "right"), ("gpt2", "right"), ("gpt2", "left"), ("llama", "left"), ("llama_bias", "right"), ("vit", None)]
 
 
 @pytest.mark.parametrize("kind, side", CASES)
@@ -68,10 +72,13 @@ def test_matches_explicit_relevance_propagation(kind, side):
         inputs, mask, position = torch.randn(3, 3, 16, 16, generator=torch.Generator().manual_seed(0)), None, None
     else:
         inputs, mask = padded_batch(batch=3, n=7)
+        if kind == "roberta":  # RoBERTa's pad id is 1
+            inputs = torch.where(mask.bool(), inputs, 1)
         if side == "left":
             inputs, mask = _left(inputs, mask)
-        position = None if kind == "bert" else torch.where(mask.bool(), torch.arange(7), -1).amax(1)
-        target = target if kind == "bert" else torch.tensor([5, 17, 42])
+        encoder = kind in ("bert", "roberta")
+        position = None if encoder else torch.where(mask.bool(), torch.arange(7), -1).amax(1)
+        target = target if encoder else torch.tensor([5, 17, 42])
     expected, ledgers = attnlrp_reference(model, inputs, target, mask, position)
     ours = AttnLRP(model.double()).attribute(inputs.double() if kind == "vit" else inputs, target=target, attention_mask=mask)
     assert ours.shape == expected.shape  # ViT: [CLS] and the 4 patches
@@ -83,7 +90,7 @@ def test_matches_explicit_relevance_propagation(kind, side):
         assert parts == pytest.approx(ledger["logit"], abs=1e-9)
         assert abs(ledger["softmax"]) > 1e-3
         assert (abs(ledger["bias"]) > 1e-3) == (kind != "llama")
-        assert (abs(ledger["other"]) > 1e-3) == (kind in ("bert", "gpt2", "vit"))
+        assert (abs(ledger["other"]) > 1e-3) == (kind in ("bert", "roberta", "gpt2", "vit"))
 
 
 def test_float32_model_with_its_own_attention_matches_float64():
@@ -150,11 +157,11 @@ def test_inputs_positions_and_errors():
     torch.testing.assert_close(rows, expected[:, None].expand(2, 2, 6))
     with pytest.raises(ValueError, match="layer=-1 or None"):
         explainer.attribute(batch, layer=2)
-    roberta = transformers.RobertaForSequenceClassification(
-        transformers.RobertaConfig(num_hidden_layers=1, max_position_embeddings=20, pad_token_id=1, **TINY)
-    )
-    with pytest.raises(ValueError, match="torch.tanh"):
-        AttnLRP(roberta).attribute(torch.tensor([[0, 5, 6, 2]]))
+    roberta = _model("roberta")
+    roberta.classifier.dropout = torch.nn.Dropout(0.1)
+    roberta.classifier.dropout.forward = lambda x: 2 * x  # something between dense and tanh the table does not know
+    with pytest.raises(ValueError, match="tanh of the previous layer's output"):
+        AttnLRP(roberta).attribute(torch.tensor([[0, 5, 6, 2]]), target=0)
 
 
 def test_language_model_wrapper_explains_each_token_by_its_own_logit():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
+from families import FAMILIES, family_config
 from helpers import TINY
 
 from captum_attnflow.hf.architectures import ARCHITECTURES, architecture_of, projection_weight
@@ -14,6 +15,12 @@ from captum_attnflow.models import AgreementConfig, AgreementModel
 from captum_attnflow.models.tagger import TaggerModel, bundled_tagger_config
 
 SMALL = dict(num_hidden_layers=3, max_position_embeddings=64, **TINY)
+TOWERS = {
+    "clip_text_model": ("text", transformers.CLIPTextModel),
+    "clip_vision_model": ("vision", transformers.CLIPVisionModel),
+    "siglip_text_model": ("text", transformers.SiglipTextModel),
+    "siglip_vision_model": ("vision", transformers.SiglipVisionModel),
+}
 VISION = dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64, image_size=16, patch_size=8)
 
 
@@ -25,10 +32,17 @@ def _model(model_type: str) -> torch.nn.Module:
         return TaggerModel(bundled_tagger_config(num_hidden_layers=3)).eval()
     if model_type == "distilbert":
         config = transformers.DistilBertConfig(vocab_size=60, dim=32, n_heads=4, hidden_dim=64, n_layers=3)
-    elif model_type in ("vit", "deit"):
+    elif model_type in ("vit", "deit", "dinov2"):
         config = transformers.AutoConfig.for_model(model_type, **VISION)
+    elif model_type in TOWERS:
+        kind, model_class = TOWERS[model_type]
+        settings = VISION if kind == "vision" else SMALL
+        return model_class(transformers.AutoConfig.for_model(model_type, **settings)).eval()
     elif model_type in ("llama", "mistral", "qwen2"):
         config = transformers.AutoConfig.for_model(model_type, num_key_value_heads=2, **SMALL)
+    elif model_type in FAMILIES:
+        layers = dict(layer_types=["sliding_attention", "full_attention", "sliding_attention"]) if model_type == "gemma3_text" else {}
+        config = family_config(model_type, num_hidden_layers=3, n_layer=3, **layers)
     else:
         config = transformers.AutoConfig.for_model(model_type, **SMALL)
     return transformers.AutoModel.from_config(config).eval()
@@ -37,7 +51,7 @@ def _model(model_type: str) -> torch.nn.Module:
 @pytest.mark.parametrize("model_type", sorted(ARCHITECTURES))
 def test_each_block_is_rebuilt_from_its_pieces(model_type):
     model = _model(model_type)
-    vision = model_type in ("vit", "deit")
+    vision = model_type in ("vit", "deit", "dinov2") or TOWERS.get(model_type, ("",))[0] == "vision"
     inputs = torch.randn(2, 3, 16, 16) if vision else torch.randint(5, 60, (2, 7))
     architecture, blocks = architecture_of(model, "test")
     assert len(blocks) == 3
@@ -54,7 +68,7 @@ def test_each_block_is_rebuilt_from_its_pieces(model_type):
             assert torch.allclose(projection(context), context @ weight + (0 if bias is None else bias), atol=1e-6)
             rebuilt = architecture.after_attention(block, x, projection(context))
             assert torch.allclose(rebuilt, internals.block_inputs[index + 1], atol=1e-5)
-            if architecture.post_norm is not None:
+            if architecture.post_norm is not None and architecture.post_norm(block) is not None:
                 assert isinstance(architecture.post_norm(block), torch.nn.LayerNorm)
 
 

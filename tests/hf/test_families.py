@@ -85,7 +85,8 @@ def test_the_model_computes_its_own_outputs_during_lean_capture(model_type):
     assert capture.complete
 
 
-@pytest.mark.parametrize("model_type", FAMILY_TYPES)
+@pytest.mark.parametrize("model_type", [t if t in ("gemma2", "modernbert") else pytest.param(t, marks=pytest.mark.slow)
+                                        for t in sorted(FAMILIES)])
 def test_gradient_weighted_rollout_lean_equals_stored(model_type):
     model = make_family_model(model_type)
     for side in ("right", "left"):
@@ -140,3 +141,54 @@ def test_a_refused_call_falls_back_to_the_stored_maps(monkeypatch):
     torch.testing.assert_close(ours, expected)
     with pytest.raises(ValueError, match="cannot be recomputed; use lean=None or False"):
         GradientWeightedRollout(model, lean=True).attribute(ids, target=target, attention_mask=mask, position=position)
+
+
+def _tower(kind: str) -> torch.nn.Module:
+    """A tiny CLIP or SigLIP text or vision tower, or a DINOv2 classifier."""
+    torch.manual_seed(0)
+    common = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, initializer_range=0.2)
+    text = dict(vocab_size=60, max_position_embeddings=16, pad_token_id=0, bos_token_id=0, eos_token_id=2, **common)
+    vision = dict(image_size=16, patch_size=8, **common)
+    models = {
+        "clip_text_model": lambda: transformers.CLIPTextModel(transformers.CLIPTextConfig(**text)),
+        "siglip_text_model": lambda: transformers.SiglipTextModel(transformers.SiglipTextConfig(**text)),
+        "clip_vision_model": lambda: transformers.CLIPVisionModel(transformers.CLIPVisionConfig(**vision)),
+        "siglip_vision_model": lambda: transformers.SiglipVisionModel(transformers.SiglipVisionConfig(**vision)),
+        "dinov2": lambda: transformers.Dinov2ForImageClassification(transformers.Dinov2Config(num_labels=3, **vision)),
+    }
+    return models[kind]().eval()
+
+
+class _PooledScores(torch.nn.Module):
+    """A tower's pooled output times a fixed matrix: three scores to explain."""
+
+    def __init__(self, tower: torch.nn.Module) -> None:
+        super().__init__()
+        self.tower = tower
+        self.head = torch.nn.Linear(32, 3)
+
+    def forward(self, inputs, attention_mask=None):
+        kwargs = {} if attention_mask is None else dict(attention_mask=attention_mask)
+        return self.head(self.tower(inputs, **kwargs).pooler_output)
+
+
+@pytest.mark.parametrize("kind", ["clip_text_model", "clip_vision_model", "dinov2", pytest.param("siglip_text_model", marks=pytest.mark.slow),
+                                  pytest.param("siglip_vision_model", marks=pytest.mark.slow)])
+def test_clip_siglip_and_dinov2_towers_go_lean(kind):
+    model = _tower(kind)
+    if "text" in kind:
+        inputs, mask = family_inputs("right")
+        inputs[torch.arange(3), mask.sum(1) - 1] = 2  # CLIP pools at its end-of-text token
+    else:
+        inputs, mask = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(0)), None
+    lean_graph = capture_graph(model, inputs, attention_mask=mask, lean=True)
+    stored = capture_graph(model, inputs, attention_mask=mask, lean=False)
+    assert lean_graph.is_streamed and lean_graph.is_causal == (kind == "clip_text_model")
+    torch.testing.assert_close(lean_graph.weights, stored.weights, atol=1e-6, rtol=0)
+    scores = model if kind == "dinov2" else _PooledScores(model)
+    assert supports_attention_gradients(scores)
+    position = (mask.sum(1) - 1) if kind == "clip_text_model" else 0
+    ours = GradientWeightedRollout(scores).attribute(inputs, target=1, attention_mask=mask, layer=None, position=position)
+    expected = GradientWeightedRollout(scores, lean=False).attribute(inputs, target=1, attention_mask=mask, layer=None,
+                                                                    position=position)
+    torch.testing.assert_close(ours, expected, atol=1e-5, rtol=0)

@@ -75,7 +75,7 @@ class AttnLRP(AttentionAttribution, GradientAttribution):
     The model runs with its own layers and forward values (each rule changes a gradient only);
     the rules come from transformers' attention-function interface and the architecture table
     (:mod:`captum_attnflow.hf.lrp`): the model types of
-    :data:`~captum_attnflow.hf.architectures.ARCHITECTURES` except RoBERTa. Parameters'
+    :data:`~captum_attnflow.hf.architectures.ARCHITECTURES`. Parameters'
     ``.grad`` are not touched; it runs under ``torch.no_grad()`` too.
 
     Args:

@@ -81,6 +81,7 @@ def alti_contributions(
     output_bias: Tensor | None,
     attention_mask: Tensor,
     norm: tuple[Tensor, Tensor, float] | None = None,
+    attention_scale: Tensor | None = None,
 ) -> Tensor:
     """ALTI's contributions of one attention block, (B, n, n), rows normalised over real tokens.
 
@@ -92,7 +93,11 @@ def alti_contributions(
     the LayerNorm is linearised with token i's own statistics,
     :math:`T_i(x_j) \\mapsto \\gamma \\odot (T_i(x_j) - \\mu(T_i(x_j))) / \\sigma_i`, :math:`\\sigma_i`
     the standard deviation (with eps) of the whole pre-norm vector of token i; the transformed
-    vectors then sum to :math:`y_i` minus the terms of no token. Then (paper, equation 9)
+    vectors then sum to :math:`y_i` minus the terms of no token. Blocks that scale the attention's
+    output before the residual (``attention_scale`` :math:`s`: Gemma's and OLMo 2's RMS norms
+    linearised with token i's own statistics, DINOv2's layer scale):
+    :math:`y_i = x_i + s_i \\odot (\\sum_j \\sum_h \\alpha^h_{ij} f^h(x_j) + b_O)` and
+    :math:`T_i(x_j) = s_i \\odot \\sum_h \\alpha^h_{ij} f^h(x_j) + \\delta_{ij} x_i`. Then (paper, equation 9)
 
     .. math::
         c_{ij} = \\frac{\\max(0, \\lVert y_i \\rVert_1 - \\lVert y_i - T_i(x_j) \\rVert_1)}
@@ -105,6 +110,8 @@ def alti_contributions(
         output_weight, output_bias: :math:`W_O` (H d, D) and :math:`b_O` (D,) or None.
         attention_mask: (B, n) bool, True on real tokens.
         norm: ``(gamma (D,), beta (D,), eps)`` of the LayerNorm after the residual (post-LN), or None.
+        attention_scale: (B, n, D) :math:`s_i`, the factor on token i's attention output before
+            the residual, or None (not with ``norm``).
 
     Returns:
         float32 (B, n, n), row i the contributions to token i; rows of real tokens sum to 1,
@@ -125,9 +132,15 @@ def alti_contributions(
     batch, _, n, size = projected.shape
     inputs = inputs.float()
     heads_out = (probabilities.float() @ values.float()).transpose(1, 2).reshape(batch, n, -1)  # (B, n, H d)
-    pre_norm = inputs + heads_out @ output_weight.float()
+    attention = heads_out @ output_weight.float()
     if output_bias is not None:
-        pre_norm = pre_norm + output_bias.float()
+        attention = attention + output_bias.float()
+    if attention_scale is not None:
+        if norm is not None:
+            raise ValueError("alti_contributions takes a LayerNorm after the residual or a scale before it, not both.")
+        attention_scale = attention_scale.float()
+        attention = attention * attention_scale
+    pre_norm = inputs + attention
     if norm is None:
         outputs, scale = pre_norm, None
     else:
@@ -135,19 +148,24 @@ def alti_contributions(
         deviation = (pre_norm.var(-1, unbiased=False, keepdim=True) + eps).sqrt()  # (B, n, 1)
         outputs = (pre_norm - pre_norm.mean(-1, keepdim=True)) / deviation * gamma.float() + beta.float()
         scale = gamma.float() / deviation  # (B, n, D)
-    distances = _distances_where_they_are(probabilities, projected, inputs, outputs, scale)
+    distances = _distances_where_they_are(probabilities, projected, inputs, outputs, scale, attention_scale)
     contributions = (outputs.abs().sum(-1)[:, :, None] - distances).clamp(min=0)
     return normalised_rows(contributions, attention_mask)
 
 
 def _distances_where_they_are(
-    probabilities: Tensor, projected: Tensor, inputs: Tensor, outputs: Tensor, scale: Tensor | None
+    probabilities: Tensor,
+    projected: Tensor,
+    inputs: Tensor,
+    outputs: Tensor,
+    scale: Tensor | None,
+    attention_scale: Tensor | None,
 ) -> Tensor:
     """(B, n, n) :math:`\\lVert y_i - T_i(x_j) \\rVert_1`, by device: the numba kernel on the CPU,
     the Triton kernel where it runs (:func:`~captum_attnflow.functional.kernels.gpu_kernels`),
-    both without writing the transformed vectors; else, and under autograd, torch operations in
-    row blocks."""
-    if not probabilities.requires_grad:
+    both without writing the transformed vectors; else, under autograd and for a scaled
+    attention output (``attention_scale``), torch operations in row blocks."""
+    if not probabilities.requires_grad and attention_scale is None:
         if inputs.device.type == "cpu":
             return _compiled_distances(probabilities, projected, inputs, outputs, scale)
         kernels = gpu_kernels(inputs.device, _TRITON)
@@ -155,16 +173,20 @@ def _distances_where_they_are(
             return kernels.alti_distances(probabilities, projected, inputs, outputs, scale)
     batch, _, n, size = projected.shape
     return torch.cat(
-        [_distances(probabilities, projected, inputs, outputs, scale, rows) for rows in _row_blocks(batch, n, size)], 1
+        [_distances(probabilities, projected, inputs, outputs, scale, rows, attention_scale)
+         for rows in _row_blocks(batch, n, size)], 1
     )
 
 
 def _distances(
-    probabilities: Tensor, projected: Tensor, inputs: Tensor, outputs: Tensor, scale: Tensor | None, rows: slice
+    probabilities: Tensor, projected: Tensor, inputs: Tensor, outputs: Tensor, scale: Tensor | None, rows: slice,
+    attention_scale: Tensor | None = None,
 ) -> Tensor:
     """(B, r, n) :math:`\\lVert y_i - T_i(x_j) \\rVert_1` for the query rows ``rows``, in torch ops;
     +inf where i != j and no head attends (see :func:`_compiled_distances`)."""
     vectors = transformed_vectors(probabilities, projected, rows)  # (B, r, n, D)
+    if attention_scale is not None:
+        vectors = vectors * attention_scale[:, rows, None]
     own = torch.arange(rows.start, rows.stop, device=inputs.device)
     vectors[:, own - rows.start, own] += inputs[:, rows]
     if scale is not None:

@@ -35,8 +35,11 @@ class Architecture:
         output_projection: ``block -> module``, the attention's output projection :math:`W_O`
             (``nn.Linear``, or GPT-2's ``Conv1D``) applied to the concatenated heads.
         post_norm: ``block -> nn.LayerNorm`` applied to ``x + attention`` (post-LN: BERT,
-            RoBERTa, DistilBERT), or None for pre-LN blocks, whose input norm is token-wise and
-            already inside the value vectors (GPT-2, Llama-style, ViT).
+            RoBERTa, DistilBERT, ELECTRA, ALBERT), or None for pre-LN blocks, whose input norm is
+            token-wise and already inside the value vectors (GPT-2, Llama-style, ViT, ModernBERT,
+            and the parallel blocks of GPT-NeoX and GPT-J, whose feed-forward reads x, not the
+            attention); the callable may return None for a block (OPT, pre-LN unless
+            ``do_layer_norm_before`` is False).
         after_attention: ``(block, x, attention) -> output``: the rest of the block given its
             input ``x`` (..., n, D) and the projected attention output (..., n, D): residual,
             norms and feed-forward, in eval mode. Leading axes broadcast, so many variants of
@@ -44,22 +47,49 @@ class Architecture:
         gated_unit: ``block -> (activation, up projection)`` of a gated feed-forward
             :math:`W_d(\\mathrm{act}(W_g x) \\odot W_u x)` (Llama-style), the two modules whose
             outputs are multiplied; None where the feed-forward has no gate.
+        fused_gate: whether the up projection of ``gated_unit`` computes gate and up at once,
+            its output the activated half then the multiplied half (Phi-3's ``gate_up_proj``,
+            ModernBERT's ``Wi``): AttnLRP then halves only the second half's gradient.
+        held_constant: ``block -> modules`` whose outputs AttnLRP holds constant (gradient 0):
+            a mixture of experts' router, whose expert weights then scale each expert's output
+            as fixed coefficients (Mixtral), and the activation of a gated product no hook can
+            split (Mixtral's experts compute :math:`\\mathrm{act}(g) \\odot u` in one function: the
+            gate is held, its relevance goes to :math:`u`, the signal-take-all rule of Arras et
+            al., 2017). Value zeroing runs the block as it is (routed anew for each zeroed
+            token); ALTI and the attention norms do not read the feed-forward.
+        attention_norm: ``block -> module`` applied token by token to the attention's output
+            before the residual, :math:`y = x + N(a)` with N linear given token i's statistics,
+            :math:`N(a_i) = s_i \\odot a_i` (Gemma 2/3's and OLMo 2's post-attention RMS norms,
+            :math:`s_i = w / \\mathrm{rms}(a_i)`; DINOv2's layer scale, :math:`s_i = \\lambda`):
+            ALTI reads :math:`s_i = N(a_i) / a_i`. None where the attention's output is added as it is.
+        layer_order: ``model -> blocks`` in the order the model calls them, where one block module
+            runs several times (ALBERT's shared layers); None: each block module once, in order.
+        function_activations: ``model -> [(producer, consumer, f)]`` for an element-wise ``f``
+            called as a plain function between two modules, ``consumer(f(producer(...)))``:
+            AttnLRP's identity rule reaches it through their hooks (RoBERTa's classification
+            head: ``out_proj(tanh(dense(x)))``).
         class_tokens: names of the learned token embeddings (parameters (1, 1, D)) that the
             vision embeddings put before the patches, in order (ViT's ``cls_token``, DeiT's
             ``cls_token`` and ``distillation_token``), on the module holding the patch embeddings.
-        lrp: whether AttnLRP's rules cover every nonlinearity of the family's models (its
-            norms and activations are modules, the gated product is listed); False where one is
-            a plain function call that no hook can reach (RoBERTa's classification head calls
-            ``torch.tanh``).
+        lrp: whether AttnLRP runs on the family's models: its rules cover every nonlinearity
+            (norms and activations are modules or listed above, the gated product is listed)
+            and the token embeddings are a module's output; False where either is not so
+            (CLIP's and SigLIP's vision towers flatten their patch convolution's output outside
+            any module).
     """
 
     blocks: tuple[str, ...]
     output_projection: Callable[[nn.Module], nn.Module]
-    post_norm: Callable[[nn.Module], nn.LayerNorm] | None
+    post_norm: Callable[[nn.Module], nn.LayerNorm | None] | None
     after_attention: Callable[[nn.Module, Tensor, Tensor], Tensor]
     gated_unit: Callable[[nn.Module], tuple[nn.Module, nn.Module]] | None = None
     class_tokens: tuple[str, ...] = ()
     lrp: bool = True
+    fused_gate: bool = False
+    held_constant: Callable[[nn.Module], tuple[nn.Module, ...]] | None = None
+    layer_order: Callable[[nn.Module], list[nn.Module]] | None = None
+    function_activations: Callable[[nn.Module], list[tuple[nn.Module, nn.Module, Callable[[Tensor], Tensor]]]] | None = None
+    attention_norm: Callable[[nn.Module], nn.Module] | None = None
 
 
 def _bert_after(block: nn.Module, x: Tensor, attention: Tensor) -> Tensor:
@@ -82,53 +112,195 @@ def _llama_after(block: nn.Module, x: Tensor, attention: Tensor) -> Tensor:
     return hidden + block.mlp(block.post_attention_layernorm(hidden))
 
 
+def _mixtral_after(block: nn.Module, x: Tensor, attention: Tensor) -> Tensor:
+    hidden = x + attention  # the experts take (B, n, D): leading axes flattened into the batch
+    normed = block.post_attention_layernorm(hidden)
+    return hidden + block.mlp(normed.reshape(-1, *normed.shape[-2:])).reshape(normed.shape)
+
+
+def _phi3_after(block: nn.Module, x: Tensor, attention: Tensor) -> Tensor:
+    hidden = x + block.resid_attn_dropout(attention)
+    return hidden + block.resid_mlp_dropout(block.mlp(block.post_attention_layernorm(hidden)))
+
+
+def _gpt_neox_after(block: nn.Module, x: Tensor, attention: Tensor) -> Tensor:
+    if block.use_parallel_residual:  # the feed-forward reads the block's input, beside the attention
+        return x + attention + block.mlp(block.post_attention_layernorm(x))
+    hidden = x + attention
+    return hidden + block.mlp(block.post_attention_layernorm(hidden))
+
+
+def _gptj_after(block: nn.Module, x: Tensor, attention: Tensor) -> Tensor:
+    return x + attention + block.mlp(block.ln_1(x))  # one norm for both branches
+
+
+def _opt_after(block: nn.Module, x: Tensor, attention: Tensor) -> Tensor:
+    hidden = x + attention
+    if not block.do_layer_norm_before:
+        hidden = block.self_attn_layer_norm(hidden)
+        return block.final_layer_norm(hidden + block.fc2(block.activation_fn(block.fc1(hidden))))
+    return hidden + block.fc2(block.activation_fn(block.fc1(block.final_layer_norm(hidden))))
+
+
+def _modernbert_after(block: nn.Module, x: Tensor, attention: Tensor) -> Tensor:
+    hidden = x + attention
+    return hidden + block.mlp(block.mlp_norm(hidden))
+
+
+def _albert_after(block: nn.Module, x: Tensor, attention: Tensor) -> Tensor:
+    hidden = block.attention.LayerNorm(x + attention)
+    return block.full_layer_layer_norm(block.ff_chunk(hidden) + hidden)
+
+
+def _albert_order(model: nn.Module) -> list[nn.Module]:
+    """ALBERT's layers as its encoder calls them: layer i runs group i·G/L, each group's inner layers in turn."""
+    config, groups = model.config, model.base_model.encoder.albert_layer_groups
+    order = []
+    for index in range(config.num_hidden_layers):
+        order += list(groups[int(index / (config.num_hidden_layers / config.num_hidden_groups))].albert_layers)
+    return order
+
+
+def _roberta_head(model: nn.Module) -> list[tuple[nn.Module, nn.Module, Callable[[Tensor], Tensor]]]:
+    """RoBERTa's classification head, ``out_proj(tanh(dense(x)))`` (none in a bare model)."""
+    head = getattr(model, "classifier", None)
+    if head is None or not hasattr(head, "out_proj"):
+        return []
+    return [(head.dense, head.out_proj, torch.tanh)]
+
+
+def _gemma_after(block: nn.Module, x: Tensor, attention: Tensor) -> Tensor:
+    hidden = x + block.post_attention_layernorm(attention)
+    return hidden + block.post_feedforward_layernorm(block.mlp(block.pre_feedforward_layernorm(hidden)))
+
+
+def _olmo2_after(block: nn.Module, x: Tensor, attention: Tensor) -> Tensor:
+    hidden = x + block.post_attention_layernorm(attention)
+    return hidden + block.post_feedforward_layernorm(block.mlp(hidden))
+
+
+def _dinov2_after(block: nn.Module, x: Tensor, attention: Tensor) -> Tensor:
+    hidden = x + block.layer_scale1(attention)
+    return hidden + block.layer_scale2(block.mlp(block.norm2(hidden)))
+
+
+def _clip_after(block: nn.Module, x: Tensor, attention: Tensor) -> Tensor:
+    hidden = x + attention
+    return hidden + block.mlp(block.layer_norm2(hidden))
+
+
 def _vit_after(block: nn.Module, x: Tensor, attention: Tensor) -> Tensor:
     hidden = x + attention
     return hidden + block.mlp(block.layernorm_after(hidden))
 
 
 _BERT = Architecture(
-    ("BertLayer", "RobertaLayer", "XLMRobertaLayer"),
+    ("BertLayer", "RobertaLayer", "XLMRobertaLayer", "ElectraLayer"),
     lambda block: block.attention.output.dense,
     lambda block: block.attention.output.LayerNorm,
     _bert_after,
 )
-_ROBERTA = dataclasses.replace(_BERT, lrp=False)
+_ROBERTA = dataclasses.replace(_BERT, function_activations=_roberta_head)
+_ALBERT = Architecture(
+    ("AlbertLayer",), lambda block: block.attention.dense, lambda block: block.attention.LayerNorm, _albert_after,
+    layer_order=_albert_order,
+)
+_MODERNBERT = Architecture(
+    ("ModernBertEncoderLayer",), lambda block: block.attn.Wo, None, _modernbert_after,
+    gated_unit=lambda block: (block.mlp.act, block.mlp.Wi), fused_gate=True,
+)
 _DISTILBERT = Architecture(
     ("TransformerBlock",), lambda block: block.attention.out_lin, lambda block: block.sa_layer_norm, _distilbert_after
 )
 _GPT2 = Architecture(("GPT2Block",), lambda block: block.attn.c_proj, None, _gpt2_after)
 _LLAMA = Architecture(
-    ("LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer"),
+    ("LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer"),
     lambda block: block.self_attn.o_proj,
     None,
     _llama_after,
     gated_unit=lambda block: (block.mlp.act_fn, block.mlp.up_proj),
+)
+_MIXTRAL = Architecture(
+    ("MixtralDecoderLayer",), lambda block: block.self_attn.o_proj, None, _mixtral_after,
+    held_constant=lambda block: (block.mlp.gate, block.mlp.experts.act_fn),
+)
+_PHI3 = Architecture(
+    ("Phi3DecoderLayer",), lambda block: block.self_attn.o_proj, None, _phi3_after,
+    gated_unit=lambda block: (block.mlp.activation_fn, block.mlp.gate_up_proj), fused_gate=True,
+)
+_GPT_NEOX = Architecture(("GPTNeoXLayer",), lambda block: block.attention.dense, None, _gpt_neox_after)
+_GPTJ = Architecture(("GPTJBlock",), lambda block: block.attn.out_proj, None, _gptj_after)
+_OPT = Architecture(
+    ("OPTDecoderLayer",), lambda block: block.self_attn.out_proj,
+    lambda block: None if block.do_layer_norm_before else block.self_attn_layer_norm, _opt_after,
 )
 _VIT = Architecture(
     ("ViTLayer", "DeiTLayer"), lambda block: block.attention.o_proj, None, _vit_after,
     class_tokens=("cls_token", "distillation_token"),
 )
 
+# Norms on the attention's output before the residual (and on the feed-forward's): Gemma 2 and 3
+# (input norms too), OLMo 2 (no input norm). Gemma 2's soft-capping, in its attention and on its
+# final logits (a plain torch.tanh after the last module), has no rule in AttnLRP.
+_GEMMA3 = Architecture(
+    ("Gemma2DecoderLayer", "Gemma3DecoderLayer"), lambda block: block.self_attn.o_proj, None, _gemma_after,
+    gated_unit=lambda block: (block.mlp.act_fn, block.mlp.up_proj), attention_norm=lambda block: block.post_attention_layernorm,
+)
+_GEMMA2 = dataclasses.replace(_GEMMA3, lrp=False)
+_OLMO2 = Architecture(
+    ("Olmo2DecoderLayer",), lambda block: block.self_attn.o_proj, None, _olmo2_after,
+    gated_unit=lambda block: (block.mlp.act_fn, block.mlp.up_proj), attention_norm=lambda block: block.post_attention_layernorm,
+)
+# DINOv2's layer scales; its patch convolution's output is flattened outside any module, as CLIP's.
+_DINOV2 = Architecture(
+    ("Dinov2Layer",), lambda block: block.attention.o_proj, None, _dinov2_after,
+    attention_norm=lambda block: block.layer_scale1, lrp=False,
+)
+
+# CLIP's and SigLIP's towers. AttnLRP reads a vision tower's tokens from the module that embeds
+# its patches; theirs is a convolution whose (B, D, h, w) output is flattened outside any module.
+_CLIP_TEXT = Architecture(("CLIPEncoderLayer", "SiglipEncoderLayer"), lambda block: block.self_attn.out_proj, None, _clip_after)
+_CLIP_VISION = dataclasses.replace(_CLIP_TEXT, lrp=False)
+
 ARCHITECTURES: dict[str, Architecture] = {
     "bert": _BERT,
     "roberta": _ROBERTA,
     "xlm-roberta": _ROBERTA,
     "distilbert": _DISTILBERT,
+    "electra": _BERT,
+    "albert": _ALBERT,
+    "modernbert": _MODERNBERT,
     "gpt2": _GPT2,
+    "gpt_neox": _GPT_NEOX,
+    "gptj": _GPTJ,
+    "opt": _OPT,
     "captum_attnflow_agreement": _GPT2,  # the bundled classifier and tagger are made of GPT-2 blocks
     "captum_attnflow_tagger": _GPT2,
     "llama": _LLAMA,
     "mistral": _LLAMA,
     "qwen2": _LLAMA,
+    "qwen3": _LLAMA,
+    "mixtral": _MIXTRAL,
+    "phi3": _PHI3,
+    "olmo2": _OLMO2,
+    "gemma2": _GEMMA2,
+    "gemma3_text": _GEMMA3,
+    "dinov2": _DINOV2,
     "vit": _VIT,
+    "clip_text_model": _CLIP_TEXT,
+    "clip_vision_model": _CLIP_VISION,
+    "siglip_text_model": _CLIP_TEXT,
+    "siglip_vision_model": _CLIP_VISION,
     "deit": _VIT,
 }
 
 
 # Root-mean-square norms, :math:`y = w \odot x / \sqrt{\overline{x^2} + \epsilon}` with ``weight``
 # w and ``variance_epsilon`` (LayerNorms are ``nn.LayerNorm``).
-RMS_NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm")
+RMS_NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MixtralRMSNorm", "Phi3RMSNorm")
+# RMS norms of other forms, :math:`y = w' \odot x / \sqrt{\overline{x^2} + \epsilon}` with
+# w' = 1 + w (Gemma) or w (OLMo 2): AttnLRP's identity rule on them is the ratio y / x.
+SCALED_RMS_NORMS = ("Gemma2RMSNorm", "Gemma3RMSNorm", "Olmo2RMSNorm")
 
 
 def architecture_of(forward_func: object, method: str) -> tuple[Architecture, list[nn.Module]]:
@@ -152,6 +324,8 @@ def architecture_of(forward_func: object, method: str) -> tuple[Architecture, li
             "attention weights (RawAttention, AttentionRollout, AttentionFlow, GradientWeightedRollout)."
         )
     architecture = ARCHITECTURES[model_type]
+    if architecture.layer_order is not None:
+        return architecture, architecture.layer_order(model)
     blocks = [module for module in model.modules() if type(module).__name__ in architecture.blocks]
     if not blocks:
         raise ValueError(f"found no transformer blocks ({', '.join(architecture.blocks)}) in the {model_type!r} model.")

@@ -143,6 +143,8 @@ def _layer_maps(
 
     def after_block(internals: Internals) -> None:
         index = len(maps)
+        if not internals.probabilities:  # attention outside the interface: capture_internals says so after the call
+            return
         if not len(internals.probabilities) == len(internals.block_inputs) == index + 1:
             raise ValueError(
                 f"{method} expects one self-attention per transformer block; the model ran {len(internals.block_inputs)} "
@@ -182,8 +184,22 @@ def _alti_map(architecture: Architecture, block: _Block, weights: _Weights) -> T
     """(B, n, n) ALTI contributions of one block."""
     return decomposition.alti_contributions(
         block.probabilities, block.values, block.inputs, weights.output_weight, weights.output_bias, block.mask,
-        weights.norm,
+        weights.norm, _attention_scale(architecture, block),
     )
+
+
+def _attention_scale(architecture: Architecture, block: _Block) -> Tensor | None:
+    """(B, n, D) :math:`s_i = N(a_i) / a_i` of a block whose ``attention_norm`` N scales the
+    attention's output :math:`a` token by token before the residual (0 where :math:`a_i` is 0,
+    whose share is 0 whatever the factor); None for other blocks."""
+    if architecture.attention_norm is None:
+        return None
+    batch, heads, n, size = block.values.shape
+    context = (block.probabilities.to(block.values.dtype) @ block.values).transpose(1, 2).reshape(batch, n, heads * size)
+    attention = architecture.output_projection(block.module)(context)
+    scaled = architecture.attention_norm(block.module)(attention)
+    safe = torch.where(attention == 0, torch.ones_like(attention), attention)
+    return torch.where(attention == 0, torch.zeros_like(attention), scaled / safe)
 
 
 def _norm_map(architecture: Architecture, block: _Block, weights: _Weights) -> Tensor:

@@ -7,7 +7,9 @@ model's own for one call. It runs the model family's own eager attention (the
 ``eager_attention_forward`` of the model's modeling module, so position biases, scalings and
 grouped-query heads are the model's) and records the probabilities it returns, which are the very
 tensor multiplied with the values: their gradient is the gradient of the output with respect to
-the attention. The model's outputs are its eager outputs. The model is left as it was
+the attention. The model's outputs are its eager outputs. A model that computes its attention
+itself, outside the interface (DeBERTa, MPNet, BLOOM, Falcon), gives instead the probabilities it
+returns with ``output_attentions``, when only they are asked for. The model is left as it was
 (attention implementation, mode, hooks), also when the call raises; calls on one model from
 several threads run one at a time.
 """
@@ -25,10 +27,10 @@ from torch import Tensor, nn
 from transformers import PreTrainedModel
 from transformers.masking_utils import eager_mask
 
-from captum_attnflow.hf.capture import in_run_order, maps_in_order, real_tokens_first_call
+from captum_attnflow.hf.capture import attentions_of, in_run_order, maps_in_order, real_tokens_first_call
 from captum_attnflow.hf.inputs import as_tuple, check_mask_not_in_args, mask_keyword
-from captum_attnflow.hf.models import check_device, owning_module
-from captum_attnflow.hf.state import implementation, register_attention, unchanged
+from captum_attnflow.hf.models import check_device, hf_models, outermost, owning_module
+from captum_attnflow.hf.state import eager_attention, implementation, register_attention, unchanged
 
 _NAME = "captum_attnflow_internals"
 _CAPTURES: "weakref.WeakKeyDictionary[nn.Module, Internals]" = weakref.WeakKeyDictionary()
@@ -129,7 +131,9 @@ def capture_internals(
             drop them before the next layer makes its own.
 
     Returns:
-        Internals: one entry per attention call, in call order.
+        Internals: one entry per attention call, in call order; for a model whose attention
+        runs outside the interface, asked for gradients and no blocks, the probabilities its
+        outermost Hugging Face model returns (no values, modules or block inputs).
     """
     module, call, order, _ = prepared_call(forward_func, inputs, additional_forward_args, attention_mask)
     internals = Internals(order=order)
@@ -137,12 +141,36 @@ def capture_internals(
     with unchanged(module), _recording(module, internals, blocks or [], after_block), implementation(module, _NAME):
         with torch.set_grad_enabled(gradients):
             internals.output = call()
+    if not internals.probabilities and gradients and not blocks:
+        internals.output, internals.probabilities = _returned_attentions(module, call)
     if not internals.probabilities:
         raise ValueError(
             f"{type(module).__name__} ran no attention through transformers' attention-function interface; "
             "this method needs a model that does (BERT, GPT-2, Llama, ViT, T5, ... in transformers 5)."
         )
     return internals
+
+
+def _returned_attentions(module: nn.Module, call: Callable[[], Any]) -> tuple[Any, list[Tensor]]:
+    """``(output, probabilities)`` of ``call()`` run with eager attention, autograd on, and
+    ``output_attentions`` set on the outermost Hugging Face models in ``module``: the
+    probabilities the first of them returns, those its attention multiplied with its values
+    (their gradient is the output's gradient with respect to the attention)."""
+    targets = outermost(hf_models(module))
+    returned: list[Any] = []
+    saved = [model.config.output_attentions for model in targets]
+    with unchanged(module), eager_attention(module), torch.enable_grad():
+        handles = [model.register_forward_hook(lambda _model, _args, output: returned.append(output)) for model in targets]
+        try:
+            for model in targets:
+                model.config.output_attentions = True
+            output = call()
+        finally:
+            for handle in handles:
+                handle.remove()
+            for model, value in zip(targets, saved):
+                model.config.output_attentions = value
+    return output, list(attentions_of(returned[0]))
 
 
 def prepared_call(
@@ -183,9 +211,10 @@ def _recording(
         internals.block_inputs.append((args[0] if args else kwargs["hidden_states"]).detach())
 
     modules = list(module.modules())
-    handles = [block.register_forward_pre_hook(keep_input, with_kwargs=True) for block in blocks]
+    # a shared block (ALBERT) is listed once per call, hooked once
+    handles = [block.register_forward_pre_hook(keep_input, with_kwargs=True) for block in dict.fromkeys(blocks)]
     if after_block is not None:
-        handles += [block.register_forward_hook(lambda *_: after_block(internals)) for block in blocks]
+        handles += [block.register_forward_hook(lambda *_: after_block(internals)) for block in dict.fromkeys(blocks)]
     try:
         for submodule in modules:
             _CAPTURES[submodule] = internals

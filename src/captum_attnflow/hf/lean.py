@@ -58,7 +58,8 @@ from captum_attnflow.hf.state import exclusive, implementation, register_attenti
 LEAN_MODEL_TYPES = frozenset(
     {"bert", "roberta", "xlm-roberta", "distilbert", "electra", "albert", "modernbert",
      "gpt2", "gpt_neox", "gptj", "opt", "llama", "mistral", "mixtral", "qwen2", "qwen3", "olmo2", "phi3",
-     "gemma2", "gemma3_text", "vit", "deit", "captum_attnflow_agreement"}
+     "gemma2", "gemma3_text", "vit", "deit", "dinov2", "clip_text_model", "clip_vision_model", "siglip_text_model",
+     "siglip_vision_model", "captum_attnflow_agreement"}
 )
 _NAME = "captum_attnflow_lean"
 # On the CPU the scores of one block of rows, all heads, take about this many bytes (twice:

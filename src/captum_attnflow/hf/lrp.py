@@ -43,7 +43,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from captum_attnflow.hf.architectures import RMS_NORMS, Architecture, architecture_of
+from captum_attnflow.hf.architectures import RMS_NORMS, SCALED_RMS_NORMS, Architecture, architecture_of
 from captum_attnflow.hf.capture import in_run_order, real_tokens_first_call
 from captum_attnflow.hf.dispatch import onloaded
 from captum_attnflow.hf.inputs import as_tuple, check_mask_not_in_args, mask_keyword
@@ -191,6 +191,47 @@ def _halved(module: nn.Module, args: tuple, output: Tensor) -> Tensor:
     return _GradientScale.apply(output, 0.5)
 
 
+def _second_half_halved(module: nn.Module, args: tuple, output: Tensor) -> Tensor:
+    """A fused gate-and-up projection: the gradient of its second half (the multiplied factor) halved."""
+    factor = torch.ones(output.shape[-1], dtype=output.dtype, device=output.device)
+    factor[output.shape[-1] // 2 :] = 0.5
+    return _GradientScale.apply(output, factor)
+
+
+def _held(module: nn.Module, args: tuple, output: Any) -> Any:
+    """The module's outputs as constants of the backward pass (tensors of a tuple detached)."""
+    if isinstance(output, Tensor):
+        return output.detach()
+    return type(output)(o.detach() if isinstance(o, Tensor) else o for o in output)
+
+
+def _function_activation_hooks(model: nn.Module, architecture: Architecture) -> list[Any]:
+    """The identity rule on each element-wise function the architecture lists between two modules,
+    ``consumer(f(producer(x)))``: the consumer's input becomes ``f(z)`` with gradient ``f(z) / z``
+    with respect to the producer's output z."""
+    if architecture.function_activations is None:
+        return []
+    handles = []
+    for producer, consumer, function in architecture.function_activations(model):
+        produced: list[Tensor] = []
+
+        def keep(module: nn.Module, args: tuple, output: Tensor, produced: list[Tensor] = produced) -> None:
+            produced[:] = [output]
+
+        def rule(module: nn.Module, args: tuple, produced: list[Tensor] = produced, function: Callable = function) -> tuple:
+            z, y = produced[0], args[0]
+            if y.shape != z.shape or not torch.equal(function(z.detach()), y.detach()):
+                raise ValueError(
+                    f"AttnLRP expected {type(module).__name__}'s input to be {function.__name__} of the previous "
+                    "layer's output (the architecture table's function_activations); it is not, so the rule "
+                    "cannot be applied."
+                )
+            return (_IdentityRule.apply(z, y.detach(), 1.0), *args[1:])
+
+        handles += [producer.register_forward_hook(keep), consumer.register_forward_pre_hook(rule)]
+    return handles
+
+
 def _is_activation(module: nn.Module) -> bool:
     return isinstance(module, _TORCH_ACTIVATIONS) or type(module).__module__ == transformers.activations.__name__
 
@@ -201,18 +242,26 @@ def _rule_hooks(model: nn.Module, architecture: Architecture, blocks: list[nn.Mo
     Raises:
         ValueError: a norm the rules do not know (its identity rule needs its formula).
     """
-    gated = [architecture.gated_unit(block) for block in blocks] if architecture.gated_unit is not None else []
+    unique = list(dict.fromkeys(blocks))  # a shared block (ALBERT) is listed once per call
+    gated = [architecture.gated_unit(block) for block in unique] if architecture.gated_unit is not None else []
     gates = {id(activation) for activation, _ in gated}
-    hooks: list[tuple[nn.Module, Callable]] = [(up, _halved) for _, up in gated]
+    halved = _second_half_halved if architecture.fused_gate else _halved
+    hooks: list[tuple[nn.Module, Callable]] = [(up, halved) for _, up in gated]
+    held = [m for block in unique for m in architecture.held_constant(block)] if architecture.held_constant else []
+    hooks += [(module, _held) for module in held]
     for module in model.modules():
         name = type(module).__name__
+        if any(module is m for m in held):
+            continue
         if isinstance(module, nn.LayerNorm):
             hooks.append((module, _layer_norm_rule))
         elif name in RMS_NORMS:
             hooks.append((module, _rms_norm_rule))
+        elif name in SCALED_RMS_NORMS:  # y = w' x / sigma: the gradient at sigma held is y / x
+            hooks.append((module, _activation_rule(1.0)))
         elif "Norm" in name:
             raise ValueError(
-                f"AttnLRP knows LayerNorm and the RMS norms {RMS_NORMS}; the model has a {name}, whose "
+                f"AttnLRP knows LayerNorm and the RMS norms {RMS_NORMS + SCALED_RMS_NORMS}; the model has a {name}, whose "
                 "identity rule needs its formula: add it to captum_attnflow.hf.architectures."
             )
         elif _is_activation(module):
@@ -225,6 +274,7 @@ def _rules(model: nn.Module, architecture: Architecture, blocks: list[nn.Module]
     """Install the rules and the embedding leaf on ``model`` for the block; removed on exit."""
     handles = [module.register_forward_hook(hook) for module, hook in _rule_hooks(model, architecture, blocks)]
     handles += _embedding_hooks(model, architecture, run)
+    handles += _function_activation_hooks(model, architecture)
     token = _CURRENT.set(run)
     try:
         yield
@@ -303,8 +353,8 @@ def attnlrp_forward(
     if not architecture.lrp:
         raise ValueError(
             f"AttnLRP's rules do not cover the {model.config.model_type!r} models: a nonlinearity is a plain "
-            "function call no hook reaches (RoBERTa's classification head calls torch.tanh). Use BERT, GPT-2, "
-            "Llama-style or ViT models, or a method of the registry without rules."
+            "function call no hook reaches, or the token embeddings are not a module's output (the row of "
+            "captum_attnflow.hf.architectures says which). Use a method of the registry without rules."
         )
     check_device(module, inputs)
     args = as_tuple(additional_forward_args)
