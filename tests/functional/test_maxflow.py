@@ -23,6 +23,7 @@ from captum_attnflow.functional import attention_graph, flow
 from captum_attnflow.functional import _memory
 from captum_attnflow.functional._maxflow import EPS, max_flows
 from captum_attnflow.functional._maxflow.cuts import _causal_bounds, _threshold_cut
+from captum_attnflow.functional._maxflow.packed import pack
 from helpers import banded, causal_sink, peaked
 
 
@@ -116,11 +117,12 @@ def test_threshold_cuts_bound_causal_flows_and_mostly_meet_them():
     logits = 0.1 * torch.randn(4, 1, 2, 24, 24, generator=generator)
     attentions = torch.softmax(logits.masked_fill(torch.ones(24, 24, dtype=torch.bool).triu(1), float("-inf")), -1)
     graph = attention_graph(attentions).weights[:, 0].numpy()
-    graph_t = np.ascontiguousarray(graph.transpose(0, 2, 1))
-    bounds, below, left, scratch = np.zeros(24), np.zeros((4, 24)), np.zeros((4, 24)), np.zeros((3, 25))
+    packed = pack(graph)
+    arrays = (packed.values, packed.offsets, packed.rows)
+    bounds, below, left, scratch = np.zeros(24), np.zeros((4, 24)), np.zeros((4, 24)), np.zeros((4, 25))
     for source in (23, 15, 6):
-        _causal_bounds(graph, graph_t, source, bounds, below, left)
-        cuts = np.array([_threshold_cut(graph, graph_t, source, t, *scratch) for t in range(source + 1)])
+        _causal_bounds(*arrays, source, bounds, below, left)
+        cuts = np.array([_threshold_cut(*arrays, source, t, *scratch) for t in range(source + 1)])
         exact = reference(graph.astype(np.float64), [source], range(source + 1))[0]
         assert (bounds[: source + 1] >= exact - 1e-12).all() and (cuts >= exact - 1e-12).all()
         assert (bounds[source + 1 :] == 0).all()
@@ -139,8 +141,14 @@ def test_progress_reports_every_source_and_changes_nothing():
 
 
 def test_memory_estimate_by_hand():
-    # L=2, B=3, n=4: 32 edges per example; graph 4*3*32, kernel (9 + 16*2)*32, result 12*1*3*2*4.
-    assert _memory.flow_bytes(layers=2, batch=3, n=4, num_sources=2, out_layers=1, threads=2) == 384 + 1312 + 288
+    # L=2, B=3, n=4: 32 edges per example (20 in the lower triangles); capacities 4*3*E, flows
+    # 8*2*E on 2 threads, row offsets and spans 40*3*2*4, one layer 4*3*4*4, result 12*1*3*2*4.
+    assert _memory.flow_bytes(layers=2, batch=3, n=4, num_sources=2, out_layers=1, threads=2) == (
+        384 + 512 + 960 + 192 + 288
+    )
+    assert _memory.flow_bytes(layers=2, batch=3, n=4, num_sources=2, out_layers=1, threads=2, causal=True) == (
+        240 + 320 + 960 + 192 + 288
+    )
 
 
 def test_flow_that_does_not_fit_fails_before_starting(monkeypatch):

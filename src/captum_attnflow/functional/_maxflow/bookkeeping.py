@@ -31,30 +31,25 @@ def _next_alive(skip, k, j):
 
 
 @njit(cache=True, inline="always")
-def _remember(touched, index):
-    """Append the flat index ``(k * m + i) * m + j`` of a flow entry made nonzero to ``touched``
-    (``touched[0]`` counts them); a full list stops growing and counts as overflowed."""
+def _remember(touched, slot):
+    """Append the packed index ``slot`` of a flow entry made nonzero to ``touched`` (``touched[0]``
+    counts them); a full list stops growing and counts as overflowed."""
     if touched[0] < touched.shape[0] - 1:
         touched[0] += 1
-        touched[touched[0]] = index
-
-
-@njit(cache=True, inline="always")
-def _entry(index, m):
-    """(k, i, j) of the flat index of a (layers, m, m) flow entry."""
-    return index // (m * m), (index // m) % m, index % m
+        touched[touched[0]] = slot
 
 
 @njit(cache=True)
-def _clear(flow, flow_t, touched):
-    """Zero the entries of ``flow`` listed in ``touched`` (all of it if the list overflowed)."""
-    layers, m, _ = flow.shape
+def _clear(flow, touched):
+    """Zero the entries of ``flow`` listed in ``touched`` (every nonzero one if the list overflowed).
+
+    Entries already zero are not written: pages of ``flow`` that no pair touched stay unmapped.
+    """
     if touched[0] >= touched.shape[0] - 1:
-        flow[:] = 0.0
-        flow_t[:] = 0.0
+        for slot in range(flow.shape[0]):
+            if flow[slot] != 0.0:
+                flow[slot] = 0.0
     else:
         for n in range(1, touched[0] + 1):
-            k, i, j = _entry(touched[n], m)
-            flow[k, i, j] = 0.0
-            flow_t[k, j, i] = 0.0
+            flow[touched[n]] = 0.0
     touched[0] = 0
