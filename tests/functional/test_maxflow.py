@@ -121,7 +121,7 @@ def test_threshold_cuts_bound_causal_flows_and_mostly_meet_them():
     arrays = (packed.values, packed.offsets, packed.rows)
     bounds, below, left, scratch = np.zeros(24), np.zeros((4, 24)), np.zeros((4, 24)), np.zeros((4, 25))
     for source in (23, 15, 6):
-        _causal_bounds(*arrays, source, bounds, below, left)
+        _causal_bounds(*arrays, source, bounds, below, left, np.zeros((3, 24, 5)))
         cuts = np.array([_threshold_cut(*arrays, source, t, *scratch) for t in range(source + 1)])
         exact = reference(graph.astype(np.float64), [source], range(source + 1))[0]
         assert (bounds[: source + 1] >= exact - 1e-12).all() and (cuts >= exact - 1e-12).all()

@@ -30,26 +30,68 @@ def _next_alive(skip, k, j):
     return root
 
 
+# Flows are stored in blocks of this many consecutive edges of the packed graph.
+BLOCK = 64
+# ``blocks[b]`` of a block that holds no flow.
+NO_BLOCK = -1
+
+
 @njit(cache=True, inline="always")
 def _remember(touched, slot):
-    """Append the packed index ``slot`` of a flow entry made nonzero to ``touched`` (``touched[0]``
-    counts them); a full list stops growing and counts as overflowed."""
+    """Append the packed index ``slot`` of an edge whose flow was made nonzero to ``touched``
+    (``touched[0]`` counts them); a full list stops growing and counts as overflowed."""
     if touched[0] < touched.shape[0] - 1:
         touched[0] += 1
         touched[touched[0]] = slot
 
 
-@njit(cache=True)
-def _clear(flow, touched):
-    """Zero the entries of ``flow`` listed in ``touched`` (every nonzero one if the list overflowed).
+@njit(cache=True, inline="always")
+def _flow(pool, blocks, slot):
+    """The flow on the edge stored at ``slot`` of the packed graph.
 
-    Entries already zero are not written: pages of ``flow`` that no pair touched stay unmapped.
+    A thread's flows are ``pool``, ``blocks`` and ``used``: the blocks of ``BLOCK`` edges that
+    carry flow in the current (source, sink) pair, packed in ``pool`` (float64) in the order
+    they were first written, block ``b`` from ``pool[blocks[b]]`` (``NO_BLOCK`` for the
+    others); ``used[0]`` is the end of the pool in use.
     """
+    start = blocks[slot // BLOCK]
+    return pool[start + slot % BLOCK] if start != NO_BLOCK else 0.0
+
+
+@njit(cache=True, inline="always")
+def _flow_at(pool, blocks, offsets, rows, k, i, j):
+    """The flow on edge (k + 1, i) -> (k, j), 0 outside the row's span."""
+    if j < rows[k, i, 0] or j >= rows[k, i, 1]:
+        return 0.0
+    return _flow(pool, blocks, offsets[k, i] + j - rows[k, i, 0])
+
+
+@njit(cache=True, inline="always")
+def _flow_index(blocks, used, slot):
+    """Where the flow of the edge at ``slot`` is in the pool; its block is given room there
+    (zeros) on first use."""
+    start = blocks[slot // BLOCK]
+    if start == NO_BLOCK:
+        start = used[0]
+        blocks[slot // BLOCK] = start
+        used[0] += BLOCK
+    return start + slot % BLOCK
+
+
+@njit(cache=True)
+def _clear(pool, blocks, used, touched):
+    """Zero the flows of the edges listed in ``touched`` (the whole pool in use if the list
+    overflowed) and release their blocks: the pool is all zeros again, from its start."""
     if touched[0] >= touched.shape[0] - 1:
-        for slot in range(flow.shape[0]):
-            if flow[slot] != 0.0:
-                flow[slot] = 0.0
+        pool[: used[0]] = 0.0
+        blocks[:] = NO_BLOCK
     else:
+        # Every block in use holds an edge of the list: the one that first wrote to it.
         for n in range(1, touched[0] + 1):
-            flow[touched[n]] = 0.0
+            start = blocks[touched[n] // BLOCK]
+            if start != NO_BLOCK:
+                pool[start + touched[n] % BLOCK] = 0.0
+        for n in range(1, touched[0] + 1):
+            blocks[touched[n] // BLOCK] = NO_BLOCK
+    used[0] = 0
     touched[0] = 0

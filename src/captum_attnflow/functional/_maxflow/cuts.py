@@ -62,7 +62,7 @@ def _trivial_bound(cap, offsets, rows, cols, source, sink):
 
 
 @njit(cache=True)
-def _causal_bounds(cap, offsets, rows, source, bounds, below, left):
+def _causal_bounds(cap, offsets, rows, source, bounds, below, left, columns):
     """``bounds[t]``: the least capacity of the threshold cuts from (l, source) to every (0, t) of a causal graph.
 
     In a causal graph (edges (k, i) -> (k-1, j) only for j <= i) the nodes at positions below
@@ -83,7 +83,9 @@ def _causal_bounds(cap, offsets, rows, source, bounds, below, left):
     :math:`\\tau \\to \\tau + 1` updates :math:`G_k` by :math:`\\sum_{i=\\tau+1}^{p} A_k[i, \\tau]`
     (``below[k, tau]``, per source) minus :math:`\\sum_{j=t}^{\\tau-1} A_k[\\tau, j]`
     (``left[k, tau]``, per sink, grown by one column as t falls): O(l p^2) for all sinks.
-    Sinks after the source get 0, exactly (no path reaches them).
+    Sinks after the source get 0, exactly (no path reaches them). The columns that ``left``
+    and the sink's in-capacity read are copied, a few at a time, into ``columns`` (l - 1, m, c)
+    row by row: read down a packed column directly, every entry would be on a page of its own.
     """
     layers = offsets.shape[0]
     p = source
@@ -98,19 +100,32 @@ def _causal_bounds(cap, offsets, rows, source, bounds, below, left):
             for tau in range(rows[k, i, 0], min(i, rows[k, i, 1])):
                 below[k, tau] += cap[base + tau]
     cuts = np.zeros(layers)
+    width = columns.shape[2]
+    first = p + 1
     for t in range(p, -1, -1):
+        if t < first:
+            # columns[k, i, c] = A_{k+1}[i, first + c] for the next ``width`` columns down to t.
+            first = max(0, t - width + 1)
+            for k in range(layers - 1):
+                for i in range(first, p + 1):
+                    start, end = rows[k, i, 0], rows[k, i, 1]
+                    base = offsets[k, i] - start
+                    for c in range(t - first + 1):
+                        j = first + c
+                        columns[k, i, c] = cap[base + j] if start <= j < end else 0.0
+        c = t - first
         for k in range(1, layers - 1):
             for tau in range(t + 1, p + 1):
-                left[k, tau] += _at(cap, offsets, rows, k, tau, t)
+                left[k, tau] += columns[k, tau, c]
         into_sink = 0.0
         for i in range(t, p + 1):
-            into_sink += _at(cap, offsets, rows, 0, i, t)
+            into_sink += columns[0, i, c]
         best = into_sink
         from_source = 0.0
         cuts[:] = 0.0
         for tau in range(t, p + 1):
             from_source += _at(cap, offsets, rows, layers - 1, p, tau)
-            into_sink -= _at(cap, offsets, rows, 0, tau, t)
+            into_sink -= columns[0, tau, c]
             total = from_source + into_sink
             for k in range(1, layers - 1):
                 cuts[k] += below[k, tau] - left[k, tau]
@@ -148,12 +163,18 @@ def _threshold_cut(cap, offsets, rows, source, sink, cost, following, row_sums, 
         following[: w + 1] = np.inf
         row_sums[: w + 1] = 0.0  # row_sums[b] = F_k(t + a, t + b) for the current a
         for a in range(w - 1, -1, -1):
-            prefix = 0.0
+            # prefix: the sum of A_k[t + a, j] over t <= j < t + b, for b = 1..w
             start, end = rows[k, t + a, 0], rows[k, t + a, 1]
             base = offsets[k, t + a] - start
-            for b in range(1, w + 1):
-                if start <= t + b - 1 < end:
-                    prefix += cap[base + t + b - 1]
+            lo = min(max(start - t, 0), w)
+            hi = max(min(end - t, w), lo)
+            prefix = 0.0
+            for b in range(1, lo + 1):
+                row_sums[b] += prefix
+            for b in range(lo + 1, hi + 1):
+                prefix += cap[base + t + b - 1]
+                row_sums[b] += prefix
+            for b in range(hi + 1, w + 1):
                 row_sums[b] += prefix
             if cost[a] < np.inf:
                 for b in range(w + 1):

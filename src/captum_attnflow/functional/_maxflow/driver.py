@@ -9,7 +9,7 @@ from typing import Callable
 import numpy as np
 from numba import njit
 
-from .bookkeeping import EPS, _clear, _remember
+from .bookkeeping import BLOCK, EPS, NO_BLOCK, _clear, _flow_index, _remember
 from .cuts import _causal_bounds, _cut_capacity, _threshold_cut, _trivial_bound
 from .first_phase import _greedy_fill
 from .later_phases import _blocking_flow, _levels_to_sink
@@ -20,6 +20,8 @@ from .packed import PackedGraph, _at, _slot, pack
 # of its own only with at least this much work, counted as (source, sink) pairs times graph
 # edges: a few milliseconds of kernel time.
 _WORK_PER_THREAD = 2_000_000
+# Columns of the graph a causal bound copies at a time (:func:`.cuts._causal_bounds`).
+_COLUMNS = 16
 # Sources per kernel call when progress is reported: small enough for regular updates, large
 # enough to keep every thread busy.
 _SOURCES_PER_UPDATE = 8
@@ -27,15 +29,16 @@ _SOURCES_PER_UPDATE = 8
 
 @njit(cache=True)
 def _max_flow(
-    cap, offsets, rows, cols, source, sink, flow, dist, ptr, queue_k, queue_i, path_k, path_i, path_arc, touched,
+    cap, offsets, rows, cols, source, sink, pool, blocks, used, dist, ptr, queue_k, queue_i, path_k, path_i, path_arc, touched,
     skip, room, got, sink_cap, sink_flow, cut_scratch, bound, causal,
 ):
     """Max flow from (l, source) to (0, sink), at most ``bound`` (a cut's capacity), and its certified gap.
 
-    ``cap`` and ``flow`` are packed (:mod:`.packed`). In a ``causal`` graph the positions below
+    ``cap`` is packed (:mod:`.packed`); ``pool``, ``blocks`` and ``used`` hold the flows
+    (:func:`~.bookkeeping._flow`). In a ``causal`` graph the positions below
     the sink are left out and, when the first phase ends below ``bound``, the threshold cuts of
-    :func:`_threshold_cut` may prove it maximal before any search. ``flow`` and ``sink_flow``
-    must be zero on entry and are zero on exit; ``dist``, ``ptr``, the queues and paths,
+    :func:`_threshold_cut` may prove it maximal before any search. The flows (no row) and
+    ``sink_flow`` (zeros) are so on entry and on exit; ``dist``, ``ptr``, the queues and paths,
     ``skip``, ``room``, ``got``, ``sink_cap`` (m,) and ``cut_scratch`` (4, m + 1) are scratch.
     """
     m = offsets.shape[1]
@@ -48,7 +51,7 @@ def _max_flow(
     # The DAG's first blocking flow; later phases start from it.
     first = sink if causal else 0
     value = _greedy_fill(
-        cap, flow, offsets, rows, sink_cap, sink_flow, source, sink, skip, ptr, path_i, room, got, touched, bound, first
+        cap, pool, blocks, used, offsets, rows, sink_cap, sink_flow, source, sink, skip, ptr, path_i, room, got, touched, bound, first
     )
     if causal and value < bound - EPS:
         bound = min(
@@ -62,30 +65,33 @@ def _max_flow(
         for i in range(m):
             if sink_flow[i] != 0.0:
                 slot = _slot(offsets, rows, 0, i, sink)
+                index = _flow_index(blocks, used, slot)
                 _remember(touched, slot)
-                flow[slot] = sink_flow[i]
+                pool[index] = sink_flow[i]
     path_k[0] = offsets.shape[0]
     path_i[0] = source
     gap = bound - value
     while value < bound - EPS:
-        if not _levels_to_sink(cap, flow, offsets, rows, cols, source, sink, dist, queue_k, queue_i, skip):
+        if not _levels_to_sink(cap, pool, blocks, used, offsets, rows, cols, source, sink, dist, queue_k, queue_i, skip):
             gap = _cut_capacity(cap, offsets, rows, cols, source, dist) - value
             break
         value += _blocking_flow(
-            cap, flow, offsets, rows, cols, sink, dist, ptr, path_k, path_i, path_arc, touched, bound - value
+            cap, pool, blocks, used, offsets, rows, cols, sink, dist, ptr, path_k, path_i, path_arc, touched, bound - value
         )
         gap = bound - value
-    _clear(flow, touched)
+    _clear(pool, blocks, used, touched)
     sink_flow[:] = 0.0
     return value, gap
 
 
 @njit(cache=True, nogil=True)
-def _max_flows_part(cap, offsets, rows, cols, causal, sources, part, parts, values, gaps, flow):
-    """Fill ``values``/``gaps`` for the (source, sink) tasks ``part, part + parts, ...``; ``flow``
-    (zeros, packed like ``cap``) is this part's own."""
+def _max_flows_part(cap, offsets, rows, cols, causal, sources, part, parts, values, gaps, pool):
+    """Fill ``values``/``gaps`` for the (source, sink) tasks ``part, part + parts, ...``; ``pool``
+    (zeros, as long as ``cap``) holds this part's flows."""
     layers, m = offsets.shape
     nodes = (layers + 1) * m
+    blocks = np.full((cap.shape[0] + BLOCK - 1) // BLOCK, NO_BLOCK, np.int64)
+    used = np.zeros(1, np.int64)
     touched = np.zeros(16 * layers * m + 1, np.int64)
     dist = np.empty((layers + 1, m), np.int64)
     ptr = np.empty((layers + 1, m), np.int64)
@@ -103,6 +109,7 @@ def _max_flows_part(cap, offsets, rows, cols, causal, sources, part, parts, valu
     bounds = np.zeros(m)
     below = np.zeros((layers, m))
     left = np.zeros((layers, m))
+    columns = np.empty((layers - 1, m, _COLUMNS))
     current = -1
     # Interleaved tasks balance the parts: neighbouring sinks cost about the same.
     for task in range(part, sources.shape[0] * m, parts):
@@ -110,13 +117,13 @@ def _max_flows_part(cap, offsets, rows, cols, causal, sources, part, parts, valu
         t = task % m
         if causal:
             if a != current:  # tasks run source by source: one sweep of the bounds per source
-                _causal_bounds(cap, offsets, rows, sources[a], bounds, below, left)
+                _causal_bounds(cap, offsets, rows, sources[a], bounds, below, left, columns)
                 current = a
             bound = bounds[t]
         else:
             bound = _trivial_bound(cap, offsets, rows, cols, sources[a], t)
         values[a, t], gaps[a, t] = _max_flow(
-            cap, offsets, rows, cols, sources[a], t, flow, dist, ptr, queue_k, queue_i, path_k, path_i, path_arc,
+            cap, offsets, rows, cols, sources[a], t, pool, blocks, used, dist, ptr, queue_k, queue_i, path_k, path_i, path_arc,
             touched, skip, room, got, sink_cap, sink_flow, cut_scratch, bound, causal,
         )
 
@@ -134,8 +141,9 @@ def max_flows(
     too small to pay for starting them. Threads rather than numba's ``prange``: with the OpenMP
     threading layer every parallel launch costs about 16 ms on a loaded machine, more than a
     whole one-source computation, and plain threads never clash with torch's own OpenMP pool.
-    Each thread holds float64 flows packed like the graph (8 bytes per edge kept), allocated
-    as zeros that take memory only where a flow is written.
+    Each thread stores its float64 flows in a pool of the graph's size, allocated as zeros
+    that take memory only where written: the rows that carry flow in one (source, sink) pair
+    are packed at its start, so it takes the most any one pair needs, at most 8 bytes per edge.
 
     Args:
         graph: the packed graph (:func:`.packed.pack`, :class:`.packed.GraphPacker`), or dense
@@ -159,7 +167,8 @@ def max_flows(
     pairs = min(step, sources.shape[0]) * graph.num_positions
     parts = max(1, min(num_threads, pairs * graph.values.shape[0] // _WORK_PER_THREAD))
     # Zeros from numpy (calloc): pages no flow is written to are never mapped.
-    flows = [np.zeros(graph.values.shape[0]) for _ in range(parts)]
+    size = -(-graph.values.shape[0] // BLOCK) * BLOCK
+    flows = [np.zeros(size) for _ in range(parts)]
     for start in range(0, sources.shape[0], step):
         chunk = slice(start, start + step)
         _run_parts(graph, flows, sources[chunk], values[chunk], gaps[chunk])

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from numba import njit
 
-from .bookkeeping import EPS, _next_alive, _remember
+from .bookkeeping import EPS, _flow, _flow_index, _next_alive, _remember
 from .packed import _slot
 
 
 @njit(cache=True)
-def _into_sink(cap, flow, offsets, rows, sink_cap, sink_flow, skip, touched, i, j, limit):
+def _into_sink(cap, pool, blocks, used, offsets, rows, sink_cap, sink_flow, skip, touched, i, j, limit):
     """Push up to ``limit`` along (2, i) -> (1, j) -> (0, sink); returns how much went.
 
     (1, j) leaves the level graph (``skip``) once its edge into the sink is full; ``sink_cap[j]``
@@ -23,13 +23,14 @@ def _into_sink(cap, flow, offsets, rows, sink_cap, sink_flow, skip, touched, i, 
     slot = _slot(offsets, rows, 1, i, j)
     if slot < 0:
         return 0.0
-    edge = cap[slot] - flow[slot]
+    edge = cap[slot] - _flow(pool, blocks, slot)
     if edge <= EPS:
         return 0.0
     delta = min(edge, into_sink, limit)
-    if flow[slot] == 0.0:
+    index = _flow_index(blocks, used, slot)
+    if pool[index] == 0.0:
         _remember(touched, slot)
-    flow[slot] += delta
+    pool[index] += delta
     sink_flow[j] += delta
     if into_sink - delta <= EPS:
         skip[1, j] = j + 1
@@ -38,7 +39,7 @@ def _into_sink(cap, flow, offsets, rows, sink_cap, sink_flow, skip, touched, i, 
 
 @njit(cache=True)
 def _greedy_fill(
-    cap, flow, offsets, rows, sink_cap, sink_flow, source, sink, skip, ptr, path_i, room, got, touched, budget, first
+    cap, pool, blocks, used, offsets, rows, sink_cap, sink_flow, source, sink, skip, ptr, path_i, room, got, touched, budget, first
 ):
     """Dinic's first phase: a blocking flow of the DAG itself, from (l, source) to (0, sink).
 
@@ -52,7 +53,8 @@ def _greedy_fill(
     widest, and flow sent along it spreads over fewer edges, so fewer nodes are visited. Nodes
     at positions below ``first`` (known not to reach the sink) are never entered, and the pass
     stops once ``budget`` (a cut's capacity, when known the least) has gone. Flows into the sink go to
-    ``sink_flow`` (by layer-1 position; ``sink_cap`` holds the capacities of those edges), the others to ``flow``, and entries made nonzero are
+    ``sink_flow`` (by layer-1 position; ``sink_cap`` holds the capacities of those edges), the
+    others to ``flow`` (see :func:`~.bookkeeping._flow`), and the pool entries made nonzero are
     appended to ``touched``. Returns the flow value.
     """
     layers, m = offsets.shape
@@ -78,11 +80,11 @@ def _greedy_fill(
             # Layer 2: fill the sink through every live layer-1 node at once, the one below first.
             if skip[1, i] == i:
                 left = room[depth] - got[depth]
-                got[depth] += _into_sink(cap, flow, offsets, rows, sink_cap, sink_flow, skip, touched, i, i, left)
+                got[depth] += _into_sink(cap, pool, blocks, used, offsets, rows, sink_cap, sink_flow, skip, touched, i, i, left)
             arc = _next_alive(skip, 1, max(ptr[2, i], rows[1, i, 0]))
             while arc < rows[1, i, 1] and got[depth] < room[depth] - EPS:
                 left = room[depth] - got[depth]
-                got[depth] += _into_sink(cap, flow, offsets, rows, sink_cap, sink_flow, skip, touched, i, arc, left)
+                got[depth] += _into_sink(cap, pool, blocks, used, offsets, rows, sink_cap, sink_flow, skip, touched, i, arc, left)
                 if got[depth] >= room[depth] - EPS:
                     break
                 arc = _next_alive(skip, 1, arc + 1)
@@ -91,16 +93,16 @@ def _greedy_fill(
             start, end = rows[k - 1, i, 0], rows[k - 1, i, 1]
             base = offsets[k - 1, i] - start  # edge (k, i) -> (k-1, j) is stored at base + j
             # The node right below first, then the others in order from where the scan stopped.
-            if skip[k - 1, i] == i and start <= i < end and cap[base + i] - flow[base + i] > EPS:
+            if skip[k - 1, i] == i and start <= i < end and cap[base + i] - _flow(pool, blocks, base + i) > EPS:
                 arc = i
             else:
                 arc = _next_alive(skip, k - 1, max(ptr[k, i], start))
-                while arc < end and cap[base + arc] - flow[base + arc] <= EPS:
+                while arc < end and cap[base + arc] - _flow(pool, blocks, base + arc) <= EPS:
                     arc = _next_alive(skip, k - 1, arc + 1)
                 ptr[k, i] = arc
             if arc < end:
                 path_i[depth + 1] = arc
-                room[depth + 1] = min(cap[base + arc] - flow[base + arc], room[depth] - got[depth])
+                room[depth + 1] = min(cap[base + arc] - _flow(pool, blocks, base + arc), room[depth] - got[depth])
                 got[depth + 1] = 0.0
                 depth += 1
                 descend = True
@@ -116,8 +118,9 @@ def _greedy_fill(
         parent = path_i[depth]
         if sent > 0.0:
             slot = offsets[k, parent] + i - rows[k, parent, 0]
-            if flow[slot] == 0.0:
+            index = _flow_index(blocks, used, slot)
+            if pool[index] == 0.0:
                 _remember(touched, slot)
-            flow[slot] += sent
+            pool[index] += sent
             got[depth] += sent
     return got[0]

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from numba import njit
 
-from .bookkeeping import EPS, _next_alive
+from .bookkeeping import EPS, _flow, _flow_at, _flow_index, _next_alive
 from .packed import _at, _slot
 
 
 @njit(cache=True)
-def _levels_to_sink(cap, flow, offsets, rows, cols, source, sink, dist, queue_k, queue_i, unseen):
+def _levels_to_sink(cap, pool, blocks, used, offsets, rows, cols, source, sink, dist, queue_k, queue_i, unseen):
     """Residual BFS towards (0, sink): ``dist`` = residual distance to the sink, -1 if none.
 
     Searching backwards from the sink rather than forwards from the source pays off at the
@@ -37,7 +37,7 @@ def _levels_to_sink(cap, flow, offsets, rows, cols, source, sink, dist, queue_k,
         level = dist[k, i] + 1
         if k + 1 == layers:
             slot = _slot(offsets, rows, k, source, i)
-            if slot >= 0 and cap[slot] - flow[slot] > EPS:
+            if slot >= 0 and cap[slot] - _flow(pool, blocks, slot) > EPS:
                 dist[layers, source] = level
                 return True
         elif k + 1 < layers:
@@ -45,7 +45,7 @@ def _levels_to_sink(cap, flow, offsets, rows, cols, source, sink, dist, queue_k,
             j = _next_alive(unseen, k + 1, cols[k, i, 0])
             while j < cols[k, i, 1]:
                 slot = _slot(offsets, rows, k, j, i)
-                if slot >= 0 and cap[slot] - flow[slot] > EPS:
+                if slot >= 0 and cap[slot] - _flow(pool, blocks, slot) > EPS:
                     dist[k + 1, j] = level
                     unseen[k + 1, j] = j + 1
                     queue_k[tail] = k + 1
@@ -57,7 +57,7 @@ def _levels_to_sink(cap, flow, offsets, rows, cols, source, sink, dist, queue_k,
             base = offsets[k - 1, i] - rows[k - 1, i, 0]
             j = _next_alive(unseen, k - 1, rows[k - 1, i, 0])
             while j < rows[k - 1, i, 1]:
-                if flow[base + j] > EPS:
+                if _flow(pool, blocks, base + j) > EPS:
                     dist[k - 1, j] = level
                     unseen[k - 1, j] = j + 1
                     queue_k[tail] = k - 1
@@ -68,16 +68,16 @@ def _levels_to_sink(cap, flow, offsets, rows, cols, source, sink, dist, queue_k,
 
 
 @njit(cache=True)
-def _residual(cap, flow, offsets, rows, k, i, arc, m):
+def _residual(cap, pool, blocks, used, offsets, rows, k, i, arc, m):
     """Residual capacity of arc ``arc`` of node (k, i): arcs < m go down to (k-1, arc), others up
     (the flow of (k+1, arc - m) -> (k, i), which they cancel)."""
     if arc < m:
-        return _at(cap, offsets, rows, k - 1, i, arc) - _at(flow, offsets, rows, k - 1, i, arc)
-    return _at(flow, offsets, rows, k, arc - m, i)
+        return _at(cap, offsets, rows, k - 1, i, arc) - _flow_at(pool, blocks, offsets, rows, k - 1, i, arc)
+    return _flow_at(pool, blocks, offsets, rows, k, arc - m, i)
 
 
 @njit(cache=True)
-def _blocking_flow(cap, flow, offsets, rows, cols, sink, dist, ptr, path_k, path_i, path_arc, touched, budget):
+def _blocking_flow(cap, pool, blocks, used, offsets, rows, cols, sink, dist, ptr, path_k, path_i, path_arc, touched, budget):
     """Augment along residual paths on which ``dist`` drops by one per arc, until none is left.
 
     The path starts at ``path_k[0], path_i[0]`` (the source) and ends at the node of distance
@@ -96,7 +96,7 @@ def _blocking_flow(cap, flow, offsets, rows, cols, sink, dist, ptr, path_k, path
         if k == 0:
             delta = budget - pushed
             for d in range(depth):
-                res = _residual(cap, flow, offsets, rows, path_k[d], path_i[d], path_arc[d], m)
+                res = _residual(cap, pool, blocks, used, offsets, rows, path_k[d], path_i[d], path_arc[d], m)
                 if res < delta:
                     delta = res
             first_saturated = depth
@@ -106,13 +106,14 @@ def _blocking_flow(cap, flow, offsets, rows, cols, sink, dist, ptr, path_k, path
                 arc = path_arc[d]
                 if arc < m:
                     slot = offsets[kd - 1, idx] + arc - rows[kd - 1, idx, 0]
-                    if flow[slot] == 0.0 and num_touched < touched.shape[0] - 1:
+                    index = _flow_index(blocks, used, slot)
+                    if pool[index] == 0.0 and num_touched < touched.shape[0] - 1:
                         num_touched += 1
                         touched[num_touched] = slot
-                    flow[slot] += delta
+                    pool[index] += delta
                 else:
-                    flow[offsets[kd, arc - m] + idx - rows[kd, arc - m, 0]] -= delta
-                if first_saturated == depth and _residual(cap, flow, offsets, rows, kd, idx, arc, m) <= EPS:
+                    pool[_flow_index(blocks, used, offsets[kd, arc - m] + idx - rows[kd, arc - m, 0])] -= delta
+                if first_saturated == depth and _residual(cap, pool, blocks, used, offsets, rows, kd, idx, arc, m) <= EPS:
                     first_saturated = d
             pushed += delta
             depth = first_saturated
@@ -124,7 +125,7 @@ def _blocking_flow(cap, flow, offsets, rows, cols, sink, dist, ptr, path_k, path
             arc = max(arc, rows[k - 1, i, 0])
             end = rows[k - 1, i, 1]
             base = offsets[k - 1, i] - rows[k - 1, i, 0]
-            while arc < end and not (dist[k - 1, arc] == target and cap[base + arc] - flow[base + arc] > EPS):
+            while arc < end and not (dist[k - 1, arc] == target and cap[base + arc] - _flow(pool, blocks, base + arc) > EPS):
                 arc += 1
             if arc >= end:
                 arc = m
@@ -133,14 +134,14 @@ def _blocking_flow(cap, flow, offsets, rows, cols, sink, dist, ptr, path_k, path
             admissible = (
                 arc <= sink
                 and dist[0, sink] == target
-                and _at(cap, offsets, rows, 0, i, sink) - _at(flow, offsets, rows, 0, i, sink) > EPS
+                and _at(cap, offsets, rows, 0, i, sink) - _flow_at(pool, blocks, offsets, rows, 0, i, sink) > EPS
             )
             arc = sink if admissible else m
         if arc >= m:
             end = num_arcs if k == layers else m + cols[k, i, 1]
             arc = num_arcs if k == layers else max(arc, m + cols[k, i, 0])
             # Upward arcs (k, i) -> (k+1, j): cancelling flow sent down (k+1, j) -> (k, i).
-            while arc < end and not (dist[k + 1, arc - m] == target and _at(flow, offsets, rows, k, arc - m, i) > EPS):
+            while arc < end and not (dist[k + 1, arc - m] == target and _flow_at(pool, blocks, offsets, rows, k, arc - m, i) > EPS):
                 arc += 1
             if arc >= end:
                 arc = num_arcs
