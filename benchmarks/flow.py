@@ -52,14 +52,25 @@ n = 512 the model's own forward (its default sdpa attention, no attention weight
 timed in the same run. Targets (issue 14, 2-core CPU): one source at n=512 on MiniLM in at most
 2x that forward; all 256 sources at n=256 in at most 10 s.
 
+LLM length (``--llm N [N ...]``, run alone): one output token after an N-token prompt on a
+GPT-2-small geometry (12 layers, 12 heads, width 768, random weights from a config, float32),
+``AttentionFlow(model).attribute(ids, position=N - 1)`` (the lean streamed graph), each call in
+a fresh process: its time and the peak resident memory of that process (``ru_maxrss``, the
+model included), for ours and for the library at git revision ``--llm-previous`` (extracted with
+``git archive`` and run from there), with the model's own forward (sdpa, no gradients) on the
+same input as a peer. A baseline refused by its memory check is reported as such. Targets (2-core
+CPU): <= 3 GiB at N = 4096 and <= 12 GiB at N = 8192.
+
     python benchmarks/flow.py [--repeats 5] [--nx-repeats 3] [--nx-sinks 2] [--inner 20]
                               [--long-repeats 3] [--scipy-sinks 16] [--previous 5cbfb7b] [--only-long]
+    python benchmarks/flow.py --llm 4096 8192 [--llm-previous ad94897] [--no-baseline]
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import statistics
 import subprocess
@@ -283,6 +294,99 @@ def long_inputs(args, rows: list, notes: list) -> None:
     notes.append(f"MiniLM-L6 n=512: the model's own sdpa forward {forward_s * 1e3:.0f} ms (median of 5)")
 
 
+# One call in a fresh process: argv = prompt length, "flow" or "forward"; prints one JSON line.
+LLM_CHILD = """
+import json, resource, sys, time
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+from captum_attnflow import AttentionFlow
+n, what = int(sys.argv[1]), sys.argv[2]
+torch.manual_seed(0)
+config = GPT2Config(n_layer=12, n_head=12, n_embd=768, n_positions=8192 + 16)
+model = GPT2LMHeadModel(config).eval()
+ids = torch.randint(0, config.vocab_size, (1, n))
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+result = {"before": before}
+start = time.perf_counter()
+try:
+    if what == "flow":
+        values = AttentionFlow(model).attribute(ids, position=n - 1, show_progress=False)[0]
+        result["values"] = sys.argv[3]
+        torch.save(values, sys.argv[3])
+    else:
+        with torch.no_grad():
+            model(ids)
+except ValueError as error:
+    result["refused"] = str(error).split(". ")[0]
+result["seconds"] = time.perf_counter() - start
+result["peak"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(json.dumps(result))
+"""
+
+
+def llm_call(n: int, what: str, source: Path, values: Path) -> dict:
+    """One flow (or forward) call at prompt length ``n`` in a fresh process importing the library from ``source``."""
+    env = dict(os.environ, PYTHONPATH=str(source))
+    done = subprocess.run(
+        [sys.executable, "-c", LLM_CHILD, str(n), what, str(values)], env=env, capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        return {"failed": done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}"}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def llm_lengths(args) -> None:
+    """Flow of one output token after long prompts: time and peak memory, baseline and ours (``--llm``)."""
+    root = Path(__file__).resolve().parents[1]
+    folder = Path(tempfile.mkdtemp(prefix="flow_llm_"))
+    previous = folder / "previous"
+    if not args.no_baseline:
+        previous.mkdir()
+        archive = subprocess.run(["git", "-C", str(root), "archive", args.llm_previous, "src"], check=True, capture_output=True)
+        subprocess.run(["tar", "-x", "-C", str(previous)], input=archive.stdout, check=True)
+    # A first call compiles each revision's kernel into its numba cache, outside the times.
+    llm_call(16, "flow", root / "src", folder / "warm.pt")
+    if not args.no_baseline:
+        llm_call(16, "flow", previous / "src", folder / "warm.pt")
+    gib = 2.0**30
+    load_before = os.getloadavg()[0]
+    print(f"Attention flow at LLM length, CPU, {os.cpu_count()} cores, numba {numba.__version__} with "
+          f"{numba.get_num_threads()} threads, torch {torch.__version__}; GPT-2-small geometry, random weights, one "
+          f"output token (source n - 1); each call in a fresh process, peak = its peak resident memory, model included")
+    header = ("prompt", "call", "seconds", "peak GiB", "model GiB", "ours / baseline", "target", "met")
+    table = [header]
+    for n in args.llm:
+        forward = llm_call(n, "forward", root / "src", folder / "forward.pt")
+        ours = llm_call(n, "flow", root / "src", folder / f"ours{n}.pt")
+        calls = [("model forward (sdpa)", forward), ("flow, ours", ours)]
+        baseline = None
+        if not args.no_baseline:
+            baseline = llm_call(n, "flow", previous / "src", folder / f"previous{n}.pt")
+            calls.insert(1, (f"flow, {args.llm_previous}", baseline))
+        target = {4096: 3.0, 8192: 12.0}.get(n)
+        for name, call in calls:
+            if "peak" not in call or "refused" in call:
+                why = call.get("refused", call.get("failed", "?"))
+                table.append((str(n), name, "-", "-", "-", "-", "-", f"refused: {why[:90]}" if "refused" in call else f"failed: {why[:90]}"))
+                continue
+            versus = "-"
+            if call is ours and baseline is not None and "refused" not in baseline and "peak" in baseline:
+                versus = f"{ours['seconds'] / baseline['seconds']:.2f}x time, {ours['peak'] / baseline['peak']:.2f}x memory"
+            is_ours = call is ours
+            table.append((
+                str(n), name, f"{call['seconds']:.1f}", f"{call['peak'] / gib:.2f}", f"{call['before'] / gib:.2f}", versus,
+                f"<= {target} GiB" if is_ours and target else "-",
+                ("yes" if call["peak"] <= target * gib else "no") if is_ours and target else "-",
+            ))
+        if baseline is not None and "values" in baseline and "values" in ours:
+            diff = (torch.load(baseline["values"]) - torch.load(ours["values"])).abs().max().item()
+            print(f"n = {n}: max |ours - baseline| = {diff:.1e}")
+    widths = [max(len(row[column]) for row in table) for column in range(len(header))]
+    for row in table:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)))
+    print(f"1-minute load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5, help="timed repeats of ours and scipy (default 5)")
@@ -294,9 +398,15 @@ def main() -> None:
     parser.add_argument("--scipy-sinks", type=int, default=16, help="sinks scipy solves in section (d) (default 16)")
     parser.add_argument("--previous", default="5cbfb7b", help="git revision of the previous kernel (default 5cbfb7b)")
     parser.add_argument("--only-long", action="store_true", help="run section (d) only")
+    parser.add_argument("--llm", type=int, nargs="+", default=None, help="prompt lengths of the LLM-length run (alone)")
+    parser.add_argument("--llm-previous", default="ad94897", help="git revision of the LLM-length baseline (default ad94897)")
+    parser.add_argument("--no-baseline", action="store_true", help="LLM length: ours and the forward only")
     args = parser.parse_args()
     if args.threads:
         numba.set_num_threads(args.threads)
+    if args.llm:
+        llm_lengths(args)
+        return
 
     start = time.perf_counter()
     flow(causal_sink(2, 4, heads=1), sources=None)

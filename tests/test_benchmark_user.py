@@ -15,7 +15,7 @@ import torch
 import transformers
 
 from captum_attnflow import load_agreement_model
-from captum_attnflow.benchmark import Columns, load_data, load_model, model_kind, run_benchmark
+from captum_attnflow.benchmark import TASKS, Columns, load_data, load_model, model_kind, run_benchmark
 from captum_attnflow.benchmark.user_data import select_rows
 from captum_attnflow.cli import main
 from captum_attnflow.models.language_model import build_lm_tokenizer
@@ -71,6 +71,41 @@ def test_classifier_directory_and_csv_give_the_leaderboard(classifier_dir, tmp_p
     model, tokenizer = load_model(classifier_dir)
     rows = select_rows(load_data(data), Columns(label="label"), "classifier", None, 0, model, tokenizer)
     assert rows["labels"] == [2, 0, 1, 2]
+
+
+def _ranks(out: Path) -> list[tuple[str, ...]]:
+    """The leaderboard's rows without their times: method, metric, layer, mean, interval, rank."""
+    lines = (out / "leaderboard.csv").read_text().splitlines()
+    keep = [lines[0].split(",").index(name) for name in ("method", "metric", "layer", "mean", "low", "high", "rank")]
+    return [tuple(line.split(",")[index] for index in keep) for line in lines[1:]]
+
+
+def test_device_and_dtype_options_place_the_model_and_keep_the_ranks(classifier_dir, tmp_path):
+    data = _csv(tmp_path / "rows.csv", [{"text": t} for t in TEXTS])
+    common = ["benchmark", "--model", str(classifier_dir), "--data", str(data), "--methods", "rollout", "random",
+              "--no-progress"]
+    assert main([*common, "--out", str(tmp_path / "default")]) == 0
+    assert main([*common, "--device", "cpu", "--dtype", "float32", "--out", str(tmp_path / "cpu")]) == 0
+    ranks = _ranks(tmp_path / "cpu")
+    assert len(ranks) > 4 and ranks == _ranks(tmp_path / "default")
+    model, _ = load_model(classifier_dir, device="cpu", dtype="bfloat16")
+    assert (model.device, model.dtype) == (torch.device("cpu"), torch.bfloat16)
+    agreement, _ = TASKS["agreement"].load(2, 0, device="cpu", dtype="float16")[:2]
+    assert agreement.dtype == torch.float16
+    assert main([*common, "--device", "gpu", "--out", str(tmp_path / "x")]) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_leaderboard_on_cuda_ranks_as_on_the_cpu(classifier_dir, tmp_path):
+    data = _csv(tmp_path / "rows.csv", [{"text": t} for t in TEXTS])
+    common = ["benchmark", "--model", str(classifier_dir), "--data", str(data), "--methods", "rollout", "alti", "saliency",
+              "attnlrp", "random", "--no-progress"]
+    assert main([*common, "--device", "cpu", "--out", str(tmp_path / "cpu")]) == 0
+    assert main([*common, "--device", "cuda", "--out", str(tmp_path / "cuda")]) == 0
+    cpu, cuda = _ranks(tmp_path / "cpu"), _ranks(tmp_path / "cuda")
+    assert [row[:3] + row[6:] for row in cpu] == [row[:3] + row[6:] for row in cuda]  # the same ranks
+    np.testing.assert_allclose([float(row[3]) for row in cpu], [float(row[3]) for row in cuda], atol=1e-4)
 
 
 def test_bad_inputs_are_refused_before_the_model_runs(classifier_dir, tmp_path):

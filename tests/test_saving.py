@@ -46,6 +46,34 @@ def test_round_trip_gives_an_equal_object(tmp_path, compress):
     assert not llm == type(llm).load(llm.save(tmp_path / "other")[0]).aggregate_words()  # equality can fail
 
 
+@pytest.mark.parametrize("compress", [False, True])
+@pytest.mark.parametrize("name", ["run", "run.json", "run.zip", "run.v2"])
+def test_load_takes_the_path_given_to_save_and_the_paths_it_returned(tmp_path, name, compress):
+    for index, result in enumerate(_results()):
+        folder = tmp_path / str(index)
+        folder.mkdir()
+        files = result.save(folder / name, compress=compress)
+        for path in [folder / name, str(folder / name), *files]:
+            assert type(result).load(path) == result, (path, files)
+
+
+def test_load_names_what_it_looked_for_and_refuses_an_ambiguous_name(tmp_path):
+    explained = _results()[1]
+    with pytest.raises(FileNotFoundError, match=r"looked for .*run, .*run\.json and .*run\.zip"):
+        ExplanationResult.load(tmp_path / "run")
+    explained.save(tmp_path / "run")
+    explained.save(tmp_path / "run", compress=True)
+    with pytest.raises(ValueError, match="both .*run.json and .*run.zip were saved as"):
+        ExplanationResult.load(tmp_path / "run")
+    assert ExplanationResult.load(tmp_path / "run.zip") == ExplanationResult.load(tmp_path / "run.json") == explained
+
+
+def test_npz_archive_of_a_comparison_loads_by_the_same_path(tmp_path):
+    comparison = _results()[2]
+    assert comparison.save(tmp_path / "scores.npz") == [tmp_path / "scores.npz"]
+    assert ComparisonResult.load(tmp_path / "scores.npz").example_ids.tolist() == [4, 7]
+
+
 def test_newer_format_and_other_kinds_are_refused(tmp_path):
     explained = _results()[1]
     path = explained.save(tmp_path / "explained.json")[0]

@@ -61,6 +61,12 @@ class Method:
         on_scores: ``options`` of ``build`` when the model gives one score rather than class
             logits (a difference, a regression output), as ``(name, value)`` pairs: blank-out
             then measures the drop of the score itself, not of its softmax.
+        signed: True when the scores, as ``build`` makes the method, can be negative (a
+            relevance or a change of the output that can speak against the explained class:
+            AttnLRP, blank-out); the heatmaps draw these on a scale centred at 0. False for
+            weights, shares, norms and clamped gradients, which are never below 0, and for
+            input x gradient and integrated gradients, which ``build`` reduces per token by
+            the norm (their ``reduce="sum"`` option gives signed scores).
     """
 
     name: str
@@ -71,6 +77,7 @@ class Method:
     class_specific: bool = False
     display: tuple = ()
     on_scores: tuple = ()
+    signed: bool = False
 
 
 def _on_model(attribution_class: type) -> Callable[..., Any]:
@@ -98,8 +105,10 @@ METHODS: dict[str, Method] = {
         Method("alti", "ALTI", True, _on_model(ALTI)),
         Method("norm", "attention norm", True, _on_model(AttentionNorm)),
         Method("saliency", "input gradients", False, _on_model(TokenSaliency), class_specific=True),
-        Method("blankout", "blank-out", False, _blank_out, class_specific=True, on_scores=(("softmax", False),)),
-        Method("attnlrp", "AttnLRP", False, _on_model(AttnLRP), class_specific=True),
+        Method(
+            "blankout", "blank-out", False, _blank_out, class_specific=True, on_scores=(("softmax", False),), signed=True,
+        ),
+        Method("attnlrp", "AttnLRP", False, _on_model(AttnLRP), class_specific=True, signed=True),
     )
 }
 

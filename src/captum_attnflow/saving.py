@@ -9,7 +9,9 @@
 
 or, with ``compress=True``, one zip archive (deflate) holding both as ``result.json`` and
 ``arrays.safetensors``. ``load_result`` reads either form (a zip is recognised by its content,
-not its name), checks the kind, and refuses a file of a newer format version with a
+not its name) from the path given to ``save_result`` or any path it returned: ``run``,
+``run.json``, ``run.safetensors`` or ``run.zip`` all find what ``save_result("run")`` wrote
+(inseq's convention). It checks the kind, and refuses a file of a newer format version with a
 ValueError. Nothing is pickled: JSON and safetensors hold data only.
 """
 
@@ -49,7 +51,7 @@ def save_result(
         >>> from captum_attnflow.saving import load_result, save_result
         >>> with tempfile.TemporaryDirectory() as folder:
         ...     written = save_result(f"{folder}/run", "Demo", {"tokens": ["a", "b"]}, {"scores": np.ones(2)})
-        ...     fields, arrays = load_result(written[0], "Demo")
+        ...     fields, arrays = load_result(f"{folder}/run", "Demo")  # the path given to save_result
         >>> [path.name for path in written], fields["tokens"], arrays["scores"].tolist()
         (['run.json', 'run.safetensors'], ['a', 'b'], [1.0, 1.0])
     """
@@ -81,13 +83,20 @@ def save_result(
 def load_result(path: str | Path, kind: str) -> tuple[dict, dict[str, np.ndarray]]:
     """The ``fields`` and ``arrays`` of a file written by :func:`save_result` (example there).
 
+    Args:
+        path: the path given to :func:`save_result` (with or without its suffix, compressed or
+            not) or one of the paths it returned.
+        kind: the result class's name the file must hold.
+
     Raises:
-        ValueError: not such a file, a file of another kind, or one of a newer format version
-            (update captum_attnflow to read it).
+        FileNotFoundError: nothing saved at ``path``; the message names the files looked for.
+        ValueError: not such a file, a file of another kind, one of a newer format version
+            (update captum_attnflow to read it), or a name that both a JSON and a zip file
+            were saved under (name one of them).
     """
     from safetensors.numpy import load
 
-    path = Path(path)
+    path = saved_file(path)
     if zipfile.is_zipfile(path):
         with zipfile.ZipFile(path) as archive:
             text, blob = archive.read(_JSON).decode(), archive.read(_ARRAYS)
@@ -114,6 +123,33 @@ def load_result(path: str | Path, kind: str) -> tuple[dict, dict[str, np.ndarray
         raise ValueError(f"{path}: its arrays file {path.with_suffix('.safetensors')} is missing; keep the two files together.")
     arrays = load(blob) if names else {}
     return header["fields"], arrays
+
+
+def saved_file(path: str | Path) -> Path:
+    """The file :func:`save_result` wrote when given ``path`` or returned as one of its paths:
+    ``path`` itself when it is a file (the ``.json`` beside it for the ``.safetensors`` half),
+    else ``path`` with ``.json`` or ``.zip`` added as :func:`save_result` adds them.
+
+    Example::
+
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as folder:
+        ...     written = save_result(f"{folder}/run", "Demo", {}, {}, compress=True)
+        ...     saved_file(f"{folder}/run") == saved_file(f"{folder}/run.zip") == written[0]
+        True
+    """
+    path = Path(path)
+    if path.suffix == ".safetensors" and path.with_suffix(".json").is_file():
+        return path.with_suffix(".json")
+    if path.is_file():
+        return path
+    candidates = [path.with_name(path.name + suffix) for suffix in (".json", ".zip")]
+    found = [candidate for candidate in candidates if candidate.is_file()]
+    if len(found) > 1:
+        raise ValueError(f"both {found[0]} and {found[1]} were saved as {path}: load the one you mean by its full name.")
+    if not found:
+        raise FileNotFoundError(f"no saved result at {path}: looked for {path}, {candidates[0]} and {candidates[1]}.")
+    return found[0]
 
 
 def _numpy(value: Any) -> np.ndarray:

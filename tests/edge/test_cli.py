@@ -10,6 +10,7 @@ import subprocess
 
 import pytest
 import torch
+from matplotlib.figure import Figure
 
 from transformers import BertConfig, BertForSequenceClassification, BertModel, BertTokenizerFast
 
@@ -91,8 +92,10 @@ def test_explain_prints_the_models_prediction_and_rollout_per_layer(model_dir, t
     assert f"heatmap written to {out}" in printed
 
 
-def test_explain_all_methods_at_one_layer(model_dir, tmp_path, capsys):
+def test_explain_all_methods_at_one_layer(model_dir, tmp_path, monkeypatch, capsys):
     out = tmp_path / "nested" / "all.png"
+    drawn, savefig = [], Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda figure, *args, **kwargs: drawn.append(figure) or savefig(figure, *args, **kwargs))
     assert main(["explain", SENTENCE, "--layer", "3", "--out", str(out), "--model", str(model_dir)]) == 0
     printed = capsys.readouterr().out
     header = next(line for line in printed.splitlines() if line.startswith("token "))
@@ -100,6 +103,16 @@ def test_explain_all_methods_at_one_layer(model_dir, tmp_path, capsys):
                                   "value_zeroing", "L3", "alti", "L3", "norm", "L3", "saliency", "blankout", "attnlrp"]
     assert all(len(values) == 10 for occurrences in _table(printed).values() for values in occurrences)
     assert out.read_bytes().startswith(b"\x89PNG")
+    # AttnLRP and blank-out can score a token below 0: a diverging scale whose white is 0; the
+    # others keep the sequential one from their smallest value.
+    scales = {ax.get_title(): ax.images[0] for ax in drawn[0].axes if ax.images}
+    assert len(scales) == 10
+    for name, image in scales.items():
+        (low, high), values = image.get_clim(), image.get_array()
+        if name in ("attnlrp", "blankout"):
+            assert image.get_cmap().name == "RdBu_r" and low == -high == -abs(values).max(), name
+        else:
+            assert image.get_cmap().name == "Blues" and (low, high) == (values.min(), values.max()), name
 
 
 @pytest.mark.parametrize("method", ["rollout", "flow"])
@@ -146,7 +159,7 @@ def test_explain_default_model_and_path(tmp_path, monkeypatch, capsys):
     [
         (["explain", SENTENCE, "--layer", "7"], "--layer 7 is out of range: the model has layers 1..6"),
         (["explain", "   "], "the sentence has no words"),
-        (["explain", SENTENCE, "--model", "/nonexistent/model"], "is not a directory saved with save_pretrained"),
+        (["explain", SENTENCE, "--model", "/nonexistent/model"], "no directory /nonexistent/model, and no model"),
     ],
 )
 def test_explain_errors_are_clear(arguments, message, model_dir, tmp_path, capsys):

@@ -73,7 +73,10 @@ def test_generate_continues_with_a_local_encoder_decoder(tmp_path, capsys):
 def test_generate_errors_are_clear(tmp_path, capsys):
     assert main(["generate", PROMPT, "--model", str(tmp_path / "missing"), "--out", str(tmp_path / "x.png")]) == 1
     error = capsys.readouterr().err
-    assert error.startswith("captum-attnflow generate: error:") and "holds no config.json" in error
+    assert error.startswith("captum-attnflow generate: error:") and "no directory" in error
+    (tmp_path / "empty").mkdir()
+    assert main(["generate", PROMPT, "--model", str(tmp_path / "empty"), "--out", str(tmp_path / "x.png")]) == 1
+    assert "is a directory without config.json" in capsys.readouterr().err
     for empty in ["", "[CLS]"]:
         assert main(["generate", empty, "--out", str(tmp_path / "x.png")]) == 1
         error = capsys.readouterr().err

@@ -80,6 +80,24 @@ def test_methods_side_by_side_one_panel_and_colorbar_each():
     _png_bytes(figure)
 
 
+def test_signed_scores_are_centred_at_zero_and_unsigned_keep_their_range():
+    relevance = torch.tensor([0.1, -0.94, 1.6, 0.0, 0.2])
+    weights = torch.tensor([[0.2, 0.1, 0.3, 0.2, 0.2], [0.1, 0.1, 0.6, 0.1, 0.1]])
+    figure = plot_methods({"attnlrp": relevance, "raw": weights, "positive": relevance.abs()}, TOKENS, signed=["attnlrp", "positive"])
+    images = {ax.get_title(): ax.images[0] for ax in figure.axes if ax.images}
+    assert images["attnlrp"].get_cmap().name == "RdBu_r" and images["attnlrp"].get_clim() == pytest.approx((-1.6, 1.6))
+    assert images["positive"].get_cmap().name == "RdBu_r"  # declared signed: white stays 0 on this input too
+    assert images["raw"].get_cmap().name == "Blues" and images["raw"].get_clim() == pytest.approx((0.1, 0.6))
+    # Undeclared: decided from the data, a negative score makes a method signed.
+    by_data = plot_methods({"attnlrp": relevance, "positive": relevance.abs()}, TOKENS)
+    assert [ax.images[0].get_cmap().name for ax in by_data.axes if ax.images] == ["RdBu_r", "Blues"]
+    # All zeros, signed: a scale around 0 rather than an empty one.
+    assert plot_layer_heatmap(torch.zeros(5), TOKENS, signed=True).axes[0].images[0].get_clim() == (-1.0, 1.0)
+    # A colormap given by the caller is kept, centred all the same.
+    image = plot_layer_heatmap(relevance, TOKENS, cmap="coolwarm").axes[0].images[0]
+    assert image.get_cmap().name == "coolwarm" and image.get_clim() == pytest.approx((-1.6, 1.6))
+
+
 def test_methods_rejects_empty_dict():
     with pytest.raises(ValueError, match="scores is empty"):
         plot_methods({}, TOKENS)

@@ -18,7 +18,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from captum_attnflow.functional import attention_graph, flow, rollout_rows
+from captum_attnflow.functional import AttentionGraph, attention_graph, flow, rollout_rows
 from captum_attnflow.functional._maxflow import EPS, max_flows
 from captum_attnflow.functional._maxflow.driver import _WORK_PER_THREAD
 from captum_attnflow.hf import extract_attentions
@@ -176,6 +176,40 @@ def test_padding_is_removed_from_the_graph():
     np.testing.assert_allclose(padded[1][2:6, 2:6].numpy(), reference, atol=1e-6)
     assert (padded[1][:, :2] == 0).all() and (padded[1][:2] == 0).all() and (padded[1][6:] == 0).all()
     torch.testing.assert_close(padded[0], flow(attentions[:, :1])[0])
+
+
+def test_causal_padding_on_either_side_gives_the_flows_of_the_prompt_alone():
+    # A decoder's graph is packed as its lower triangles once padding is removed; padding on the
+    # left (example 0) or the right (example 1) leaves the flows of the real tokens as they were.
+    alone = causal_sink(4, 9, heads=2, seed=5)
+    padded = torch.zeros(4, 2, 2, 12, 12)
+    padded[:, 0, :, 3:, 3:] = alone[:, 0]
+    padded[:, 1, :, :9, :9] = alone[:, 0]
+    padded[:, 0, :, :3, :3] = torch.eye(3)  # what a model's padding rows hold does not matter
+    mask = torch.zeros(2, 12, dtype=torch.long)
+    mask[0, 3:] = 1
+    mask[1, :9] = 1
+    expected = flow(alone, layer=None)[:, 0]
+    both = flow(padded, layer=None, attention_mask=mask)
+    assert torch.equal(both[:, 0, 3:, 3:], expected) and torch.equal(both[:, 1, :9, :9], expected)
+    assert (both[:, 0, :3] == 0).all() and (both[:, 0, :, :3] == 0).all() and (both[:, 1, 9:] == 0).all()
+
+
+def test_a_streamed_graph_is_read_one_layer_at_a_time():
+    # Flow asks a streamed graph for one (B, n, n) layer at a time, always into the same buffer,
+    # and never for the (L, B, n, n) stack of them.
+    attentions = causal_sink(3, 10, heads=2, seed=6).repeat(1, 2, 1, 1, 1)
+    buffers = []
+
+    def fused_layer(index, out):
+        buffers.append(out.data_ptr())
+        return out.copy_(attentions[index].mean(1))
+
+    graph = AttentionGraph.streamed(fused_layer, 3, None, 2, 10, torch.device("cpu"), causal=True)
+    graph.first_layers = None  # not called
+    stored = AttentionGraph.from_fused(attentions.mean(2))  # the same layers, stored
+    assert torch.equal(flow(graph, sources=9), flow(stored, sources=9))
+    assert len(buffers) == 3 and len(set(buffers)) == 1 and graph.is_streamed
 
 
 def test_causal_model_flow_reaches_what_rollout_reaches():

@@ -23,6 +23,7 @@ from captum_attnflow.functional import attention_graph, flow
 from captum_attnflow.functional import _memory
 from captum_attnflow.functional._maxflow import EPS, max_flows
 from captum_attnflow.functional._maxflow.cuts import _causal_bounds, _threshold_cut
+from captum_attnflow.functional._maxflow.packed import PackedGraph, pack
 from helpers import banded, causal_sink, peaked
 
 
@@ -116,11 +117,12 @@ def test_threshold_cuts_bound_causal_flows_and_mostly_meet_them():
     logits = 0.1 * torch.randn(4, 1, 2, 24, 24, generator=generator)
     attentions = torch.softmax(logits.masked_fill(torch.ones(24, 24, dtype=torch.bool).triu(1), float("-inf")), -1)
     graph = attention_graph(attentions).weights[:, 0].numpy()
-    graph_t = np.ascontiguousarray(graph.transpose(0, 2, 1))
-    bounds, below, left, scratch = np.zeros(24), np.zeros((4, 24)), np.zeros((4, 24)), np.zeros((3, 25))
+    packed = pack(graph)
+    arrays = (packed.values, packed.offsets, packed.rows)
+    bounds, below, left, scratch = np.zeros(24), np.zeros((4, 24)), np.zeros((4, 24)), np.zeros((4, 25))
     for source in (23, 15, 6):
-        _causal_bounds(graph, graph_t, source, bounds, below, left)
-        cuts = np.array([_threshold_cut(graph, graph_t, source, t, *scratch) for t in range(source + 1)])
+        _causal_bounds(*arrays, source, bounds, below, left, np.zeros((3, 24, 5)))
+        cuts = np.array([_threshold_cut(*arrays, source, t, *scratch) for t in range(source + 1)])
         exact = reference(graph.astype(np.float64), [source], range(source + 1))[0]
         assert (bounds[: source + 1] >= exact - 1e-12).all() and (cuts >= exact - 1e-12).all()
         assert (bounds[source + 1 :] == 0).all()
@@ -139,8 +141,14 @@ def test_progress_reports_every_source_and_changes_nothing():
 
 
 def test_memory_estimate_by_hand():
-    # L=2, B=3, n=4: 32 edges per example; graph 4*3*32, kernel (9 + 16*2)*32, result 12*1*3*2*4.
-    assert _memory.flow_bytes(layers=2, batch=3, n=4, num_sources=2, out_layers=1, threads=2) == 384 + 1312 + 288
+    # L=2, B=3, n=4: 32 edges per example (20 in the lower triangles); capacities 4*3*E, flows
+    # 8*2*E on 2 threads, row offsets and spans 40*3*2*4, one layer 4*3*4*4, result 12*1*3*2*4.
+    assert _memory.flow_bytes(layers=2, batch=3, n=4, num_sources=2, out_layers=1, threads=2) == (
+        384 + 512 + 960 + 192 + 288
+    )
+    assert _memory.flow_bytes(layers=2, batch=3, n=4, num_sources=2, out_layers=1, threads=2, causal=True) == (
+        240 + 320 + 960 + 192 + 288
+    )
 
 
 def test_flow_that_does_not_fit_fails_before_starting(monkeypatch):
@@ -167,3 +175,73 @@ def test_flow_keeps_float32_capacities_exact():
     attentions = torch.softmax(torch.randn(1, 1, 2, 6, 6, generator=torch.Generator().manual_seed(3)), -1)
     expected = attention_graph(attentions).weights[0, 0]
     assert torch.equal(flow(attentions, sources=None)[0], expected)
+
+
+def full_rows(graph: np.ndarray) -> PackedGraph:
+    """``graph`` (l, n, n) in the packed layout with every row stored whole, zeros included."""
+    layers, n, _ = graph.shape
+    rows = np.zeros((layers, n, 2), np.int64)
+    rows[..., 1] = n
+    cols = rows.copy()
+    offsets = np.arange(layers * n, dtype=np.int64).reshape(layers, n) * n
+    return PackedGraph(np.ascontiguousarray(graph, np.float32).ravel(), offsets, rows, cols, False)
+
+
+def sliding_window(layers: int, n: int, window: int, seed: int) -> torch.Tensor:
+    """Causal attention over the last ``window`` positions (Mistral's sliding window), with a sink at 0."""
+    generator = torch.Generator().manual_seed(seed)
+    logits = 2 * torch.randn(layers, 1, 2, n, n, generator=generator)
+    logits[..., 0] += 2
+    index = torch.arange(n)
+    outside = (index[None, :] > index[:, None]) | (index[:, None] - index[None, :] >= window)
+    return torch.softmax(logits.masked_fill(outside, float("-inf")), -1)
+
+
+def test_packing_keeps_each_rows_nonzero_span():
+    graph = attention_graph(sliding_window(3, 12, window=4, seed=1)).weights[:, 0].numpy()
+    graph[1, 5] = 0  # an empty row
+    packed = pack(graph)
+    assert packed.causal and packed.values.dtype == np.float32
+    assert packed.values.size == np.count_nonzero(graph)  # a band: nothing but its nonzeros
+    unpacked = np.zeros_like(graph)
+    for k, i in itertools.product(range(3), range(12)):
+        lo, hi = packed.rows[k, i]
+        unpacked[k, i, lo:hi] = packed.values[packed.offsets[k, i] : packed.offsets[k, i] + hi - lo]
+        column = np.flatnonzero(graph[k, :, i])
+        assert tuple(packed.cols[k, i]) == ((column[0], column[-1] + 1) if column.size else (0, 0))
+    assert np.array_equal(unpacked, graph) and tuple(packed.rows[1, 5]) == (0, 0)
+    assert packed.first(2).values.size == np.count_nonzero(graph[:2]) and not pack(graph[:1]).causal
+    assert not pack(graph.transpose(0, 2, 1)).causal
+
+
+@pytest.mark.parametrize(
+    "name, attentions",
+    [
+        ("sliding window", sliding_window(5, 24, window=5, seed=2)),
+        ("causal sink", causal_sink(4, 20, heads=3, seed=6)),
+        ("banded", banded(4, 20, width=2, seed=7)),
+        ("peaked", peaked(3, 12, seed=8)),
+    ],
+)
+def test_packed_rows_give_the_values_of_whole_rows_and_of_networkx(name, attentions):
+    # The same graph stored row by row whole (zeros included, as a dense kernel reads it) and as
+    # its nonzero spans: the kernel reads both through the same index arithmetic, to the same bits.
+    graph = attention_graph(attentions).weights[:, 0].numpy()
+    n = graph.shape[1]
+    sources = [n - 1, n // 2, 1]
+    values, gaps = max_flows(pack(graph), np.array(sources), 2)
+    whole_values, whole_gaps = max_flows(full_rows(graph), np.array(sources), 2)
+    np.testing.assert_array_equal(values, whole_values)
+    np.testing.assert_array_equal(gaps, whole_gaps)
+    assert_certified(graph, values, gaps, reference(graph.astype(np.float64), sources, range(n)))
+
+
+def test_the_pool_of_flows_is_zero_between_pairs():
+    # Each thread reuses its pool of flows from pair to pair: the order of the pairs, and which
+    # thread runs them, cannot change a value.
+    graph = attention_graph(sliding_window(6, 40, window=9, seed=3)).weights[:, 0].numpy()
+    packed = pack(graph)
+    values, gaps = max_flows(packed, np.array([39, 20, 31]), 1)
+    reordered, reordered_gaps = max_flows(packed, np.array([31, 20, 39]), 2)
+    np.testing.assert_array_equal(values, reordered[::-1])
+    np.testing.assert_array_equal(gaps, reordered_gaps[::-1])

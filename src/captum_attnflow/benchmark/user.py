@@ -33,7 +33,7 @@ from captum_attnflow.benchmark.runner import FLOOR, BenchmarkResult, run_task
 from captum_attnflow.benchmark.tasks import Task, VerbLogits
 from captum_attnflow.benchmark.user_data import Columns, encode_rows, select_rows
 from captum_attnflow.evaluate import Leaderboard
-from captum_attnflow.hf import token_id
+from captum_attnflow.hf import load_pretrained, token_id
 from captum_attnflow.hf.architectures import ARCHITECTURES
 from captum_attnflow.methods import EXTRA_METHODS, METHODS
 
@@ -116,8 +116,15 @@ def applicable_methods(model: Any, tokenizer: Any) -> tuple[list[str], dict[str,
     return names, why
 
 
-def load_model(directory: str | Path) -> tuple[nn.Module, Any]:
-    """A classifier or causal LM and its tokenizer from a ``save_pretrained`` directory, offline."""
+def load_model(
+    directory: str | Path,
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+    device_map: str | dict | None = None,
+) -> tuple[nn.Module, Any]:
+    """A classifier or causal LM and its tokenizer from a ``save_pretrained`` directory, offline,
+    placed by ``device``, ``dtype`` and ``device_map`` as
+    :func:`~captum_attnflow.hf.placement.load_pretrained` places it (default: the CPU, the saved dtype)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
     directory = Path(directory)
@@ -126,12 +133,12 @@ def load_model(directory: str | Path) -> tuple[nn.Module, Any]:
     if '"captum_attnflow_agreement"' in (directory / "config.json").read_text():
         from captum_attnflow.models import load_agreement_model
 
-        return load_agreement_model(directory)
+        return load_agreement_model(directory, device, dtype, device_map)
     config = AutoConfig.from_pretrained(directory, local_files_only=True)
     heads = " ".join(config.architectures or [])
     loader = AutoModelForCausalLM if "CausalLM" in heads or "LMHeadModel" in heads else AutoModelForSequenceClassification
     try:
-        model = loader.from_pretrained(directory, local_files_only=True).eval()
+        model = load_pretrained(loader, directory, device, dtype, device_map, local_files_only=True)
     except ValueError as error:
         raise ValueError(f"--model {directory}: {error}") from error
     return model, AutoTokenizer.from_pretrained(directory, local_files_only=True)

@@ -5,11 +5,18 @@ per-token scores and writes a layers x tokens heatmap; ``captum-attnflow figures
 paper's Figure 1 (raw attention, rollout and flow of every position at every layer) and
 Figures 2-3 (the CLS token over layers) for a sentence; ``captum-attnflow reproduce`` computes
 Tables 1 and 2 of Abnar & Zuidema (2020) (see :mod:`captum_attnflow.reproduce`). They run on
-the verb-number model that ships with the package or on a checkpoint directory saved with
-``save_pretrained`` (``--model DIR``): an agreement model, or for ``explain`` and ``figures``
-any Hugging Face sequence-classification model saved with its tokenizer. ``captum-attnflow generate``
-explains a language model's continuation of a prompt; ``captum-attnflow adversarial`` runs the
-adversarial-attention study (see :mod:`captum_attnflow.adversarial.study`).
+the verb-number model that ships with the package or on another (``--model NAME_OR_DIR``: a
+directory saved with ``save_pretrained``, or a Hub name already in the local Hugging Face
+cache, read offline): an agreement model, or for ``explain`` and ``figures`` any Hugging Face
+sequence-classification model with its tokenizer. ``captum-attnflow generate`` explains a
+language model's continuation of a prompt; ``captum-attnflow adversarial`` runs the
+adversarial-attention study (see :mod:`captum_attnflow.adversarial.study`). Every command that
+loads a model takes ``--device auto|cpu|cuda|cuda:N|mps`` (auto, the default: the first CUDA
+device when there is one), ``--dtype auto|float32|bfloat16|float16`` and ``--device-map`` (a
+model spread over several devices by accelerate).
+
+Building the parser imports no torch, transformers or Captum (``--help`` answers at once); each
+command imports what it runs when it runs.
 """
 
 from __future__ import annotations

@@ -1,5 +1,9 @@
-"""What the commands of ``captum-attnflow`` share: argument types, loading a saved model, encoding
-a sentence, the prediction, output paths, and the colour-bar labels of the figures."""
+"""What the commands of ``captum-attnflow`` share: argument types, finding and loading a model,
+encoding a sentence, the prediction, output paths, and the colour-bar labels of the figures.
+
+Importing this module loads no torch or transformers (the parser is built from it); the
+functions that need them import them when called.
+"""
 
 from __future__ import annotations
 
@@ -8,14 +12,11 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-from captum_attnflow.data.agreement import PLURAL, SINGULAR
-from captum_attnflow.models import AgreementConfig, load_agreement_model
-
-NUMBERS = {SINGULAR: "singular", PLURAL: "plural"}
 IMAGE_SUFFIXES = (".png", ".pdf", ".svg", ".jpg")
 # What the colour bars of the figures show.
 VALUE_LABELS = {
@@ -62,43 +63,87 @@ def _whole_number(value: str, expected: str, too_small: str, minimum: int = 1) -
     return number
 
 
-def load(directory: Path | None, agreement_only: bool = False) -> tuple[Any, Any]:
+def placement(args: argparse.Namespace) -> dict[str, Any]:
+    """``device``, ``dtype`` and ``device_map`` of :func:`~captum_attnflow.hf.placement.load_pretrained`
+    from ``--device``, ``--dtype`` and ``--device-map`` (``--device auto``, the default, gives
+    way to a device map)."""
+    device = None if args.device_map is not None and args.device == "auto" else args.device
+    return dict(device=device, dtype=args.dtype, device_map=args.device_map)
+
+
+def model_directory(name: str) -> Path:
+    """The directory ``--model NAME_OR_DIR`` names: a directory saved with ``save_pretrained``, or
+    the snapshot of a Hub model in the local Hugging Face cache (``HF_HUB_CACHE``, ``HF_HOME``),
+    found offline: nothing is downloaded, so ``HF_HUB_OFFLINE`` holds.
+
+    Raises:
+        FileNotFoundError: neither; the message names the directory and the cache looked in.
+    """
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"--model {name} is a directory without config.json: pass one saved with save_pretrained.")
+        return path
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+
+    try:
+        snapshot = Path(snapshot_download(name, local_files_only=True))
+    except (HFValidationError, LocalEntryNotFoundError):
+        snapshot = None
+    if snapshot is None or not (snapshot / "config.json").is_file():
+        raise FileNotFoundError(
+            f"--model {name}: no directory {path.absolute()}, and no model {name!r} with a config.json in "
+            f"the local Hugging Face cache ({constants.HF_HUB_CACHE}, looked up offline). Pass a directory saved "
+            f"with save_pretrained, or download the model once (`hf download {name}`)."
+        )
+    return snapshot
+
+
+def load(name: str | None, placement: dict[str, Any], agreement_only: bool = False) -> tuple[Any, Any]:
     """The bundled model, a saved agreement model, or (unless ``agreement_only``) any saved
-    Hugging Face sequence-classification model and its tokenizer; anything else is refused
-    before a model with random weights could be built from it."""
-    if directory is None:
-        return load_agreement_model()
-    if not directory.is_dir() or not (directory / "config.json").is_file():
-        raise FileNotFoundError(f"--model {directory} is not a directory saved with save_pretrained (no config.json).")
+    Hugging Face sequence-classification model and its tokenizer (``name`` as
+    :func:`model_directory` finds it), placed by ``placement`` (:func:`placement`); anything
+    else is refused before a model with random weights could be built from it."""
+    from captum_attnflow.models import AgreementConfig, load_agreement_model
+
+    if name is None:
+        return load_agreement_model(**placement)
+    directory = model_directory(name)
     config = json.loads((directory / "config.json").read_text())
     kind = config.get("model_type")
     if kind == AgreementConfig.model_type:
-        return load_agreement_model(directory)
+        return load_agreement_model(directory, **placement)
     if agreement_only:
         raise ValueError(
-            f"--model {directory} holds a {kind!r} model; reproduce needs the verb-number agreement model "
+            f"--model {name} holds a {kind!r} model; reproduce needs the verb-number agreement model "
             "(`python -m captum_attnflow.models.train --out DIR`), whose data and classes it evaluates."
         )
-    heads = [name for name in config.get("architectures") or [] if name.endswith("ForSequenceClassification")]
+    heads = [head for head in config.get("architectures") or [] if head.endswith("ForSequenceClassification")]
     if not heads:
         raise ValueError(
-            f"--model {directory} holds a {kind!r} model ({', '.join(config.get('architectures') or ['no architecture'])}) "
+            f"--model {name} holds a {kind!r} model ({', '.join(config.get('architectures') or ['no architecture'])}) "
             "without a sequence-classification head, so it makes no prediction to explain: save a "
             "*ForSequenceClassification model (model.save_pretrained(DIR); tokenizer.save_pretrained(DIR))."
         )
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+    from captum_attnflow.hf import load_pretrained
+
     try:
         tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
     except (OSError, ValueError, TypeError) as error:
-        raise ValueError(f"--model {directory} has no loadable tokenizer: save it beside the model ({error}).") from None
-    model = AutoModelForSequenceClassification.from_pretrained(directory, local_files_only=True).eval()
+        raise ValueError(f"--model {name} has no loadable tokenizer: save it beside the model ({error}).") from None
+    model = load_pretrained(AutoModelForSequenceClassification, directory, **placement, local_files_only=True)
     return model, tokenizer
 
 
 def _label(model: Any, index: int) -> str:
+    from captum_attnflow.data.agreement import PLURAL, SINGULAR
+    from captum_attnflow.models import AgreementConfig
+
     if isinstance(model.config, AgreementConfig):
-        return NUMBERS[index]
+        return {SINGULAR: "singular", PLURAL: "plural"}[index]
     return str(model.config.id2label.get(index, index))
 
 
@@ -140,9 +185,11 @@ def writable(directory: Path, out: Path) -> Path:
     return directory
 
 
-def encode_sentence(sentence: str, tokenizer: Any) -> tuple[torch.Tensor, list[str]]:
-    """Token ids (1, n) and token strings of a sentence; words the tokenizer does not know are
-    reported on stderr."""
+def encode_sentence(sentence: str, tokenizer: Any, model: Any) -> tuple[torch.Tensor, list[str]]:
+    """Token ids (1, n) on ``model``'s input device and token strings of a sentence; words the
+    tokenizer does not know are reported on stderr."""
+    from captum_attnflow.hf import input_device
+
     if not sentence.strip():
         raise ValueError("the sentence has no words; pass e.g. \"the keys to the cabinet\".")
     encoded = tokenizer(sentence, return_tensors="pt", return_offsets_mapping=True)
@@ -158,10 +205,12 @@ def encode_sentence(sentence: str, tokenizer: Any) -> tuple[torch.Tensor, list[s
             f"warning: not in the model's vocabulary, read as {tokenizer.unk_token}: {', '.join(unknown)}",
             file=sys.stderr,
         )
-    return ids, tokens
+    return ids.to(input_device(model)), tokens
 
 
 def predict(model: Any, ids: torch.Tensor) -> tuple[int, str]:
+    import torch
+
     with torch.no_grad():
         probabilities = torch.softmax(model(ids).logits[0].float(), -1)
     predicted = int(probabilities.argmax())

@@ -1,21 +1,45 @@
 """Options that several ``captum-attnflow`` commands declare, each defined once: its flag, type,
 metavar and default live here, while the help text, which says what the option means for that
-command, is the command's."""
+command, is the command's. Nothing here imports torch: ``--help`` stays instant."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from captum_attnflow.methods import attention_methods, paper_methods
+from captum_attnflow.cli._choices import ATTENTION_METHODS, DEVICE_MAPS, DTYPES, PAPER_METHODS
 
 # How --words merges the sub-word pieces of a word; the bare flag means the first.
 WORD_MERGES = ("sum", "max", "mean")
 
 
 def add_model(parser: Any, help: str) -> None:
-    """``--model DIR``: a saved model directory instead of the bundled one (None when not given)."""
-    parser.add_argument("--model", type=Path, metavar="DIR", help=help)
+    """``--model NAME_OR_DIR``: a saved model directory, or a Hub name found in the local Hugging
+    Face cache, instead of the bundled model (None when not given; see ``_common.model_directory``)."""
+    parser.add_argument(
+        "--model", metavar="NAME_OR_DIR",
+        help=f"{help}; a directory saved with save_pretrained, or a Hub name (e.g. gpt2) already in the local "
+        "Hugging Face cache, read offline",
+    )
+
+
+def add_placement(parser: Any) -> None:
+    """``--device``, ``--dtype`` and ``--device-map``: where and in which precision the model is
+    loaded (``hf.placement.load_pretrained``), for the bundled model as for the user's."""
+    group = parser.add_argument_group("device and precision")
+    group.add_argument(
+        "--device", default="auto", metavar="auto|cpu|cuda|cuda:N|mps",
+        help="where the model runs (default: auto, the first CUDA device when there is one, else the CPU)",
+    )
+    group.add_argument(
+        "--dtype", choices=DTYPES, default="auto", metavar="|".join(DTYPES),
+        help="the dtype of the model's weights (default: auto, the dtype it was saved in)",
+    )
+    group.add_argument(
+        "--device-map", choices=DEVICE_MAPS, default=None, metavar="|".join(DEVICE_MAPS),
+        help="instead of --device, spread a model larger than one device over the GPUs (then the CPU) with "
+        "accelerate's device map (needs accelerate)",
+    )
 
 
 def add_output_directory(parser: Any, default: Path) -> None:
@@ -40,9 +64,9 @@ def add_attention_methods(parser: Any, purpose: str, default_note: str = "") -> 
     """``--methods NAME ...``: per-layer methods, the paper's three by default; the help names
     the ``purpose`` of the methods, the defaults (after ``default_note``) and the choices."""
     parser.add_argument(
-        "--methods", nargs="+", choices=attention_methods(), default=paper_methods(), metavar="NAME",
-        help=f"per-layer methods {purpose} (default: {default_note}{' '.join(paper_methods())}; "
-        f"any of {', '.join(attention_methods())})",
+        "--methods", nargs="+", choices=ATTENTION_METHODS, default=PAPER_METHODS, metavar="NAME",
+        help=f"per-layer methods {purpose} (default: {default_note}{' '.join(PAPER_METHODS)}; "
+        f"any of {', '.join(ATTENTION_METHODS)})",
     )
 
 

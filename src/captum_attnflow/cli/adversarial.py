@@ -7,14 +7,11 @@ import argparse
 import inspect
 from pathlib import Path
 
-import torch
-
-from captum_attnflow.adversarial.study import DEFAULT_LAMBDAS, MODELS, run_study
+from captum_attnflow.cli import _choices as choices
 from captum_attnflow.cli import _common as common
 from captum_attnflow.cli import _options as options
 
 DEFAULT_ADVERSARIAL_DIR = Path("captum_attnflow_adversarial")
-_STUDY_PARAMETERS = frozenset(inspect.signature(run_study).parameters) - {"progress"}
 
 HELP = "is attention the only path? adversarial attention, probing and what it means for rollout and flow"
 DESCRIPTION = (
@@ -30,11 +27,11 @@ def add_arguments(adversarial: argparse.ArgumentParser) -> None:
     """The arguments of ``adversarial``; those named after a parameter of
     :func:`~captum_attnflow.adversarial.study.run_study` are passed on to it."""
     adversarial.add_argument(
-        "--models", nargs="+", choices=tuple(MODELS), default=list(MODELS),
+        "--models", nargs="+", choices=choices.ADVERSARIAL_MODELS, default=list(choices.ADVERSARIAL_MODELS),
         help="originals to study: yang and deep chunk taggers, the agreement classifier (default: all)",
     )
     adversarial.add_argument(
-        "--lambdas", nargs="+", type=float, default=list(DEFAULT_LAMBDAS), metavar="LAMBDA",
+        "--lambdas", nargs="+", type=float, default=list(choices.DEFAULT_LAMBDAS), metavar="LAMBDA",
         help="lambda grid of the global adversaries (default: %(default)s)",
     )
     adversarial.add_argument("--train-examples", type=common.positive, default=4096, help="generated training sentences (default: 4096)")
@@ -66,7 +63,12 @@ def add_arguments(adversarial: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    study_options = {name: value for name, value in vars(args).items() if name in _STUDY_PARAMETERS}
+    import torch
+
+    from captum_attnflow.adversarial.study import run_study
+
+    parameters = frozenset(inspect.signature(run_study).parameters) - {"progress"}
+    study_options = {name: value for name, value in vars(args).items() if name in parameters}
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
     try:

@@ -6,17 +6,17 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from captum_attnflow.benchmark.tasks import TASKS
+
+from captum_attnflow.cli import _choices as choices
 from captum_attnflow.cli import _common as common
 from captum_attnflow.cli import _options as options
-from captum_attnflow.methods import EXTRA_METHODS, METHODS
 
 DEFAULT_BENCHMARK_DIR = Path("captum_attnflow_benchmark")
 
 
 HELP = "rank attribution methods by faithfulness: a leaderboard with confidence intervals"
 DESCRIPTION = (
-    f"Every method explains held-out examples of each task ({', '.join(TASKS)}); faithfulness (AOPC "
+    f"Every method explains held-out examples of each task ({', '.join(choices.BENCHMARK_TASKS)}); faithfulness (AOPC "
     "comprehensiveness and sufficiency, log-odds, deletion-curve area, and the agreement data's subject-first "
     "ground truth) per method with bootstrap intervals and Holm-adjusted Wilcoxon tests, and each method's time "
     "per example. Writes leaderboard.md, leaderboard.csv and leaderboard.png to DIR."
@@ -25,18 +25,17 @@ DESCRIPTION = (
 
 def add_arguments(benchmark: argparse.ArgumentParser) -> None:
     """The arguments of ``benchmark``."""
-    from captum_attnflow.benchmark import FLOOR, QUICK_EXAMPLES, QUICK_METHODS
-
-    names = (*METHODS, *EXTRA_METHODS, FLOOR)
-    benchmark.add_argument("--tasks", nargs="+", choices=tuple(TASKS), default=tuple(TASKS), metavar="TASK",
-                           help=f"tasks (default: {' '.join(TASKS)})")
+    names = (*choices.METHODS, *choices.EXTRA_METHODS, choices.FLOOR)
+    tasks = choices.BENCHMARK_TASKS
+    benchmark.add_argument("--tasks", nargs="+", choices=tasks, default=tasks, metavar="TASK",
+                           help=f"tasks (default: {' '.join(tasks)})")
     benchmark.add_argument("--methods", nargs="+", choices=names, metavar="NAME", help=f"methods (default: all of {', '.join(names)})")
     benchmark.add_argument(
         "--examples", type=common.positive, default=None, help="held-out examples per task (default: 64; with --data all rows)"
     )
     benchmark.add_argument(
         "--quick", action="store_true",
-        help=f"{QUICK_EXAMPLES} examples per task and five methods ({', '.join(QUICK_METHODS)}) unless given",
+        help=f"{choices.QUICK_EXAMPLES} examples per task and five methods ({', '.join(choices.QUICK_METHODS)}) unless given",
     )
     options.add_output_directory(benchmark, DEFAULT_BENCHMARK_DIR)
     benchmark.add_argument(
@@ -44,11 +43,12 @@ def add_arguments(benchmark: argparse.ArgumentParser) -> None:
         help="keep each task's per-example values here as they are computed; run the same command again to resume",
     )
     options.add_no_progress(benchmark)
+    options.add_placement(benchmark)
     mine = benchmark.add_argument_group(
-        "your own model and data", "a *ForSequenceClassification or *ForCausalLM directory saved with its tokenizer, "
+        "your own model and data", "a *ForSequenceClassification or *ForCausalLM model with its tokenizer, "
         "explained on the rows of a CSV, JSON Lines or Parquet file (instead of the tasks); also under accelerate launch",
     )
-    options.add_model(mine, "the model directory (save_pretrained, with its tokenizer)")
+    options.add_model(mine, "your model, with its tokenizer")
     mine.add_argument("--data", type=Path, metavar="FILE", help="a .csv, .tsv, .jsonl or .parquet file")
     for column, default, text in (
         ("text", "text", "a classifier's input text"), ("pair", None, "the second text of sentence pairs"),
@@ -70,12 +70,12 @@ def run(args: argparse.Namespace) -> int:
     methods = args.methods or (QUICK_METHODS if args.quick and args.data is None else None)
     examples = QUICK_EXAMPLES if args.quick and args.examples is None else args.examples
     if (args.model is None) != (args.data is None):
-        raise ValueError("--model DIR and --data FILE go together: your model explained on your rows.")
+        raise ValueError("--model NAME_OR_DIR and --data FILE go together: your model explained on your rows.")
     if args.data is not None:
         from captum_attnflow.benchmark import Columns, load_data, load_model, run_user_benchmark
 
         data = load_data(args.data)
-        model, tokenizer = load_model(args.model)
+        model, tokenizer = load_model(common.model_directory(args.model), **common.placement(args))
         columns = Columns(args.text_column, args.pair_column, args.label_column, args.prompt_column,
                           args.target_column, args.contrast_column)
         result = run_user_benchmark(
@@ -84,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
         )
     else:
         result = run_benchmark(
-            args.tasks, methods, examples, seed=args.seed, show_progress=not args.no_progress, checkpoint_dir=args.checkpoint_dir
+            args.tasks, methods, examples, seed=args.seed, show_progress=not args.no_progress, checkpoint_dir=args.checkpoint_dir,
+            **common.placement(args),
         )
     if int(os.environ.get("RANK", "0")) == 0:  # under accelerate launch every process has the table; one writes it
         print(result.to_markdown())

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-import torch
+from typing import TYPE_CHECKING
 
 from captum_attnflow.cli import _common as common
 from captum_attnflow.cli import _options as options
-from captum_attnflow.explanation import ExplanationResult
-from captum_attnflow.methods import METHODS, paper_methods
-from captum_attnflow.visualize import plot_methods
+from captum_attnflow.cli import _choices as choices
+
+if TYPE_CHECKING:
+    import torch
 
 DEFAULT_HEATMAP = Path("captum_attnflow_explain.png")
 HELP = "explain the model's verb-number prediction for a sentence"
@@ -26,7 +27,7 @@ def add_arguments(explain: argparse.ArgumentParser) -> None:
     """The arguments of ``explain``."""
     explain.add_argument("sentence", help='the sentence up to the verb, e.g. "the keys to the cabinet"')
     explain.add_argument(
-        "--method", choices=(*METHODS, "all"), default="all", help="attribution method (default: all)"
+        "--method", choices=(*choices.METHODS, "all"), default="all", help="attribution method (default: all)"
     )
     explain.add_argument(
         "--layer", type=common.layer, default=None, metavar="N|all",
@@ -44,20 +45,25 @@ def add_arguments(explain: argparse.ArgumentParser) -> None:
         f"(default: {DEFAULT_HEATMAP})",
     )
     options.add_model(
-        explain, "a saved model directory instead of the bundled one: an agreement model, or any Hugging Face "
-        "sequence-classification model saved with its tokenizer",
+        explain, "a model instead of the bundled one: an agreement model, or any Hugging Face "
+        "sequence-classification model with its tokenizer",
     )
+    options.add_placement(explain)
     options.add_html(explain, "also write a self-contained HTML view (one row per layer of each method, the score on hover)")
     options.add_words(explain, "one score per word: merge sub-word pieces (sum by default; max or mean on request)")
 
 
 def run(args: argparse.Namespace) -> int:
+    from captum_attnflow.explanation import ExplanationResult
+    from captum_attnflow.methods import METHODS
+    from captum_attnflow.visualize import plot_methods
+
     out = common.image_path(args.out, DEFAULT_HEATMAP.name)
-    model, tokenizer = common.load(args.model)
+    model, tokenizer = common.load(args.model, common.placement(args))
     num_layers = model.config.num_hidden_layers
     if args.layer is not None and args.layer > num_layers:
         raise ValueError(f"--layer {args.layer} is out of range: the model has layers 1..{num_layers} (or all).")
-    ids, tokens = common.encode_sentence(args.sentence, tokenizer)
+    ids, tokens = common.encode_sentence(args.sentence, tokenizer, model)
     predicted, prediction = common.predict(model, ids)
     print(f"prediction: {prediction}")
 
@@ -69,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     methods = tuple(METHODS) if args.method == "all" else (args.method,)
     if args.head is not None:  # per-head results exist for the methods computed from attention weights
         if args.method != "all" and METHODS[args.method].per_layer and not METHODS[args.method].from_attentions:
-            raise ValueError(f"--head is for the methods computed from attention weights ({', '.join(paper_methods())}), not {args.method}.")
+            raise ValueError(f"--head is for the methods computed from attention weights ({', '.join(choices.PAPER_METHODS)}), not {args.method}.")
         methods = tuple(name for name in methods if METHODS[name].from_attentions or not METHODS[name].per_layer)
     layers = list(range(num_layers)) if args.layer is None else [args.layer - 1]
     scores, labels = {}, {}
@@ -78,15 +84,15 @@ def run(args: argparse.Namespace) -> int:
         target = {"target": predicted} if METHODS[name].class_specific else {}
         target.update(METHODS[name].display)
         if METHODS[name].per_layer and args.head == "all":
-            scores[name] = method.attribute(ids, layer=args.layer, head="all")[:, 0]  # (H, n)
+            scores[name] = method.attribute(ids, layer=args.layer, head="all")[:, 0].cpu()  # (H, n)
             labels[name] = [f"L{args.layer} h{head}" for head in range(heads)]
         elif METHODS[name].per_layer:
             head = {} if args.head is None else {"head": args.head}
-            scores[name] = method.attribute(ids, layer=None, **target, **head)[layers, 0]
+            scores[name] = method.attribute(ids, layer=None, **target, **head)[layers, 0].cpu()
             suffix = "" if args.head is None else f" h{args.head}"
             labels[name] = [f"L{layer + 1}{suffix}" for layer in layers]
         else:
-            scores[name] = method.attribute(ids, target=predicted)
+            scores[name] = method.attribute(ids, target=predicted).cpu()
     result = ExplanationResult(
         tokens, scores, labels, prediction, str(args.model or "bundled agreement model"),
         {name: common.VALUE_LABELS[name] for name in scores if name in common.VALUE_LABELS},
@@ -95,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         result = result.aggregate_words(tokenizer(args.sentence), args.words, text=args.sentence)
     print(_score_table(result.tokens, result.scores, labels))
     figure = plot_methods(result.scores, result.tokens, title=f'"{args.sentence}": {prediction}', layer_labels=labels,
-                          value_labels=common.VALUE_LABELS)
+                          value_labels=common.VALUE_LABELS, signed=[name for name in result.scores if METHODS[name].signed])
     figure.savefig(out, dpi=120)
     print(f"heatmap written to {out}")
     common.write_html(result, args.html)

@@ -5,21 +5,22 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
+from captum_attnflow.cli import _choices as choices
 from captum_attnflow.cli import _common as common
 from captum_attnflow.cli import _options as options
-from captum_attnflow.methods import METHODS, attention_methods
+
+if TYPE_CHECKING:
+    import torch
 
 DEFAULT_GENERATION_HEATMAP = Path("captum_attnflow_generate.png")
 
 HELP = "explain a language model's continuation of a prompt"
 DESCRIPTION = (
-    "Continue PROMPT greedily (or take --target) with the bundled agreement language model or a local Hugging "
-    "Face causal LM / encoder-decoder directory, print each prompt token's score for every output token and "
-    "write the output-tokens x prompt-tokens heatmap (Captum's plot_token_attr)."
+    "Continue PROMPT greedily (or take --target) with the bundled agreement language model or a Hugging "
+    "Face causal LM / encoder-decoder (a directory, or a name in the local cache), print each prompt token's "
+    "score for every output token and write the output-tokens x prompt-tokens heatmap (Captum's plot_token_attr)."
 )
 
 
@@ -33,7 +34,7 @@ def add_arguments(generate: argparse.ArgumentParser) -> None:
         "difference of their logits; needs --method gradient_rollout (the default then)",
     )
     generate.add_argument(
-        "--method", choices=(*attention_methods(), "attnlrp"), default=None,
+        "--method", choices=(*choices.ATTENTION_METHODS, "attnlrp"), default=None,
         help="attribution method (default: rollout; gradient_rollout with --contrast)",
     )
     generate.add_argument(
@@ -49,19 +50,21 @@ def add_arguments(generate: argparse.ArgumentParser) -> None:
         "--out", type=Path, default=DEFAULT_GENERATION_HEATMAP, metavar="FILE.png",
         help=f"where to write the heatmap (default: {DEFAULT_GENERATION_HEATMAP})",
     )
-    options.add_model(generate, "a local Hugging Face model directory (causal LM or encoder-decoder) instead of the bundled one")
+    options.add_model(generate, "a Hugging Face causal LM or encoder-decoder instead of the bundled one")
+    options.add_placement(generate)
     options.add_html(generate, "also write a self-contained HTML view (one row per output token, the score on hover)")
     options.add_words(generate, "one score per word on both axes, prompt and output (sum by default)")
 
 
 def run(args: argparse.Namespace) -> int:
     from captum_attnflow.attr.llm import LLMAttentionAttribution
+    from captum_attnflow.methods import METHODS
     from captum_attnflow.models.language_model import load_agreement_lm
 
     if args.model is None:
-        model, tokenizer = load_agreement_lm()
+        model, tokenizer = load_agreement_lm(**common.placement(args))
     else:
-        model, tokenizer = _load_language_model(args.model)
+        model, tokenizer = _load_language_model(args.model, common.placement(args))
     method = args.method or ("rollout" if args.contrast is None else "gradient_rollout")
     if args.contrast is not None and not METHODS[method].class_specific:
         raise ValueError(f"--contrast explains a difference of logits by its gradient: use --method gradient_rollout, not {method}.")
@@ -101,14 +104,15 @@ def _generation_table(input_tokens: list[str], output_tokens: list[str], token_a
     return "\n".join(lines)
 
 
-def _load_language_model(directory: Path) -> tuple[Any, Any]:
-    """A causal LM or encoder-decoder and its tokenizer from a local directory, offline."""
+def _load_language_model(name: str, placement: dict[str, Any]) -> tuple[Any, Any]:
+    """A causal LM or encoder-decoder and its tokenizer (``--model NAME_OR_DIR``, offline), placed
+    by ``placement``."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
-    if not (directory / "config.json").is_file():
-        raise FileNotFoundError(f"--model {directory} holds no config.json: pass a directory saved with save_pretrained.")
+    from captum_attnflow.hf import load_pretrained
+
+    directory = common.model_directory(name)
     config = AutoConfig.from_pretrained(directory, local_files_only=True)
     loader = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
-    model = loader.from_pretrained(directory, local_files_only=True).eval()
+    model = load_pretrained(loader, directory, **placement, local_files_only=True)
     return model, AutoTokenizer.from_pretrained(directory, local_files_only=True)
-

@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from captum_attnflow.cli import _choices as choices
 from captum_attnflow.cli import _common as common
 from captum_attnflow.cli import _options as options
-from captum_attnflow.reproduce import DATA, PROTOCOLS, RANKINGS, reproduce
 
 DEFAULT_REPRODUCTION_DIR = Path("captum_attnflow_reproduction")
 HELP = "compute the paper's Tables 1 and 2 on held-out data"
@@ -27,29 +27,32 @@ def add_arguments(repro: argparse.ArgumentParser) -> None:
     repro.add_argument("--batch-size", type=common.positive, default=200, help="examples per batch (default: 200)")
     repro.add_argument("--include-cls", action="store_true", help="rank [CLS] together with the words")
     repro.add_argument(
-        "--protocol", choices=PROTOCOLS, default="ours",
+        "--protocol", choices=choices.PROTOCOLS, default="ours",
         help="ours (default), or paper: the authors' definitions (absolute blank-out, every token ranked, "
         "the gradient sum in float32 and float64), printed before ours",
     )
     repro.add_argument(
-        "--data", choices=tuple(DATA), default="generated",
+        "--data", choices=choices.REPRODUCE_DATA, default="generated",
         help="generated (default: median 11 words, 0-3 attractors uniformly) or short (like the paper's "
         "inputs: median 7 words, mostly without attractors)",
     )
     repro.add_argument(
-        "--ranking", choices=RANKINGS, default="average",
+        "--ranking", choices=choices.RANKINGS, default="average",
         help="with --protocol paper, dense adds the authors' Spearman formula (no-ties formula on dense ranks)",
     )
-    options.add_model(repro, "a saved agreement model directory instead of the bundled one (e.g. trained with --end-token)")
+    options.add_model(repro, "an agreement model instead of the bundled one (e.g. trained with --end-token)")
+    options.add_placement(repro)
     options.add_attention_methods(repro, "of the tables")
     options.add_no_progress(repro, "bar")
 
 
 def run(args: argparse.Namespace) -> int:
+    from captum_attnflow.reproduce import reproduce
+
     if args.ranking == "dense" and args.protocol != "paper":
         raise ValueError("--ranking dense is the authors' Spearman formula: add --protocol paper.")
     out = common.output_directory(args.out, "reproduce writes several files")
-    model, tokenizer = common.load(args.model, agreement_only=True)
+    model, tokenizer = common.load(args.model, common.placement(args), agreement_only=True)
     result = reproduce(
         num_samples=args.samples,
         seed=args.seed,

@@ -267,7 +267,8 @@ class ComparisonResult:
         """Read a result written by :meth:`save` (example there).
 
         Args:
-            path: the ``.json`` or ``.zip`` file (or a ``.npz`` archive).
+            path: the path given to :meth:`save` (with or without its suffix, compressed or
+                not), or one it returned (or a ``.npz`` archive).
 
         Returns:
             ComparisonResult: the same example ids, scores and values.

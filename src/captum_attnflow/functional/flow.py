@@ -12,8 +12,10 @@ The max flows run in a compiled kernel (:mod:`captum_attnflow.functional._maxflo
 flows in float64 on the float32 capacities: each value is at most ``1e-12`` per graph edge below
 the exact maximum flow of the graph given in float32 (see that module for the certificate), far
 below float32's own rounding. The graph of the layers up to the requested one is held on the
-CPU, ``(4 B + 9 + 16 T) L n^2`` bytes with ``T`` kernel threads; a call that would not fit in
-the memory available raises ValueError before it starts.
+CPU with each row's nonzero span packed (a decoder's causal attention: its lower triangles),
+built one (B, n, n) layer at a time, so that with ``E`` = L n^2 edges (L n (n + 1) / 2 when
+causal) it takes about ``(4 B + 8 T) E`` bytes with ``T`` kernel threads; a call that would not
+fit in the memory available raises ValueError before it starts.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from tqdm.auto import tqdm
 
 from captum_attnflow.docstrings import fill_docstring
 from captum_attnflow.functional._maxflow import max_flows
+from captum_attnflow.functional._maxflow.packed import GraphPacker, PackedGraph
 from captum_attnflow.functional._memory import check_flow_fits
 from captum_attnflow.functional.checks import POSITION_DOC, Attentions, head_indices, layer_indices, positions, shape_result
 from captum_attnflow.functional.graph import AttentionGraph, as_graph
@@ -107,10 +110,8 @@ def flow(
     torch_threads = torch.get_num_threads()
     threads = numba.get_num_threads()
     torch.set_num_threads(torch_threads)
-    check_flow_fits(layers[-1] + 1, batch, n, num_sources, len(layers) * len(heads), threads)
-    # The kernel stores capacities in float32 (float32 attentions are taken exactly; the result is
-    # float32 anyway) and adds flows in float64.
-    caps = graph.first_layers(layers[-1] + 1).detach().to("cpu", torch.float32).numpy()
+    check_flow_fits(layers[-1] + 1, batch, n, num_sources, len(layers) * len(heads), threads, graph.is_causal)
+    caps = _packed_graphs(graph, layers[-1] + 1)
     head_caps = graph.heads.detach().to("cpu", torch.float32).numpy() if head is not None else None
     real = graph.mask.cpu().numpy()
     source_positions = source_positions.cpu().numpy()
@@ -124,23 +125,20 @@ def flow(
     try:
         for b in range(batch):
             keep = np.flatnonzero(real[b])
-            # Padding is not in the graph: the kernel sees the real positions only, renumbered.
             renumber = np.full(n, -1)
             renumber[keep] = np.arange(keep.size)
             example_sources = renumber[source_positions[b]]
             valid = np.flatnonzero(example_sources >= 0)
             for out, index in enumerate(layers):
                 for slot, k in enumerate(heads):
-                    if keep.size == n and k is None:  # no padding: the graph itself, not a copy
-                        cap = np.ascontiguousarray(caps[: index + 1, b])
-                    else:  # one copy (chained indexing would copy twice: 12 ms at L=6, n=512)
-                        cap = np.ascontiguousarray(caps[: index + 1, b][:, keep[:, None], keep])
+                    cap = caps[b].first(index + 1)  # a prefix of the packed layers: no copy
                     if k is not None:  # Appendix A.1: head k on top, the layers below fused
-                        cap[index] = head_caps[index, b, k][keep[:, None], keep]
-                    # All sources of the example in one call on one graph: its arrays are built once.
+                        cap = cap.with_top(np.ascontiguousarray(head_caps[index, b, k][keep[:, None], keep]))
+                    # All sources of the example in one call on one graph.
                     result, _ = max_flows(cap, example_sources[valid], threads, progress.update if show else None)
                     values[out, slot, b, valid[:, None], keep[None, :]] = result
                     progress.update(num_sources - valid.size)
+            caps[b] = None  # done with this example's graph
     finally:
         torch.set_num_threads(torch_threads)
     progress.close()
@@ -153,3 +151,24 @@ def flow(
     if head is None:
         result = result[:, 0]
     return shape_result(result, layer, has_axis, head)
+
+
+def _packed_graphs(graph: AttentionGraph, count: int) -> list[PackedGraph]:
+    """Each example's graph of :math:`A_1..A_{count}`, padding removed (the real positions
+    renumbered), rows packed; built one (B, n, n) layer at a time (a streamed graph computes
+    each into one reused buffer), never as an (L, B, n, n) tensor."""
+    batch, n = graph.mask.shape
+    real = graph.mask.cpu().numpy()
+    keeps = [np.flatnonzero(real[b]) for b in range(batch)]
+    packers = [GraphPacker(count, keep.size, triangle=graph.is_causal) for keep in keeps]
+    on_cpu = graph.mask.device.type == "cpu"
+    buffer = torch.empty(batch, n, n, dtype=torch.float32, device=graph.mask.device) if graph.is_streamed else None
+    for index in graph.walk(range(count), "attention graph"):
+        layer = graph.layer(index, out=buffer).detach()
+        layer = (layer if on_cpu else layer.cpu()).float().numpy()
+        for b, keep in enumerate(keeps):
+            if keep.size == n:  # no padding: the layer itself, not a copy
+                packers[b].add(np.ascontiguousarray(layer[b]))
+            else:  # one copy (chained indexing would copy twice)
+                packers[b].add(np.ascontiguousarray(layer[b][keep[:, None], keep]))
+    return [packer.graph() for packer in packers]

@@ -18,11 +18,14 @@ from captum_attnflow.hf.inputs import (
 )
 from captum_attnflow.hf.lrp import LRPRun, attnlrp_forward
 from captum_attnflow.hf.models import check_device, hf_models, input_device, main_model, outermost, owning_module
+from captum_attnflow.hf.placement import DEVICE_MAPS, DTYPES, load_pretrained, resolve_device, resolve_dtype
 from captum_attnflow.hf.seq2seq import Seq2SeqAttentions, seq2seq_attentions, seq2seq_gradient_internals
 from captum_attnflow.hf.scores import ScoreForward, class_scores, input_embeddings, output_scores, target_indices, target_scores, token_id
 from captum_attnflow.hf.state import eager_attention, exclusive, hooks_restored, implementation, model_call, unchanged
 
 __all__ = [
+    "DEVICE_MAPS",
+    "DTYPES",
     "LRPRun",
     "ScoreForward",
     "Seq2SeqAttentions",
@@ -44,11 +47,14 @@ __all__ = [
     "input_device",
     "input_embeddings",
     "lift_mask",
+    "load_pretrained",
     "main_model",
     "model_call",
     "outermost",
     "output_scores",
     "owning_module",
+    "resolve_device",
+    "resolve_dtype",
     "seq2seq_attentions",
     "seq2seq_gradient_internals",
     "target_indices",

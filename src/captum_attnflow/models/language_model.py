@@ -86,14 +86,25 @@ def lm_sentence(example: AgreementExample) -> list[str]:
     return [*example.words, COPULAS[example.label], END]
 
 
-def load_agreement_lm(directory: str | Path | None = None) -> tuple[GPT2LMHeadModel, PreTrainedTokenizerFast]:
-    """The bundled agreement language model (eval mode, CPU, sdpa attention) and its tokenizer.
+def load_agreement_lm(
+    directory: str | Path | None = None,
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+    device_map: str | dict | None = None,
+) -> tuple[GPT2LMHeadModel, PreTrainedTokenizerFast]:
+    """The bundled agreement language model (eval mode, sdpa attention; CPU unless told) and its tokenizer.
 
     Loads offline, without transformers' "Loading weights" progress bar.
 
     Args:
         directory: a checkpoint written by ``python -m captum_attnflow.models.train_lm
             --out DIR`` to load instead; None (default) loads the bundled one.
+        device: where the model goes (``"cpu"``, ``"cuda"``, ``"cuda:N"``, ``"mps"``, ``"auto"``
+            for the first CUDA device when there is one); None (default) the CPU.
+        dtype: ``"float32"``, ``"bfloat16"``, ``"float16"`` (or the torch dtype); None (default)
+            the checkpoint's float32.
+        device_map: accelerate's device map instead of ``device`` (``"auto"``, ...); see
+            :func:`~captum_attnflow.hf.placement.load_pretrained`.
 
     Returns:
         tuple: ``(model, tokenizer)``, a :class:`~transformers.GPT2LMHeadModel` and the
@@ -101,6 +112,7 @@ def load_agreement_lm(directory: str | Path | None = None) -> tuple[GPT2LMHeadMo
 
     Raises:
         FileNotFoundError: no model files where they should be.
+        ValueError: an unknown device or dtype, or a device this torch cannot use.
 
     Example::
 
@@ -112,7 +124,8 @@ def load_agreement_lm(directory: str | Path | None = None) -> tuple[GPT2LMHeadMo
         True
     """
     path = ASSET_DIR if directory is None else Path(directory)
-    return load_checkpoint(GPT2LMHeadModel, path, "language model", "captum_attnflow.models.train_lm")
+    return load_checkpoint(GPT2LMHeadModel, path, "language model", "captum_attnflow.models.train_lm",
+                           device=device, dtype=dtype, device_map=device_map)
 
 
 def verb_number_accuracy(

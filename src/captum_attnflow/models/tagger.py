@@ -152,8 +152,13 @@ class TaggerModel(AgreementModel):
 TAGGER_DIR = Path(__file__).resolve().parent.parent / "assets" / "tagger"
 
 
-def load_chunk_tagger(directory: str | Path | None = None) -> tuple[TaggerModel, PreTrainedTokenizerFast]:
-    """The bundled trained chunk tagger (eval mode, CPU, sdpa attention) and its tokenizer.
+def load_chunk_tagger(
+    directory: str | Path | None = None,
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+    device_map: str | dict | None = None,
+) -> tuple[TaggerModel, PreTrainedTokenizerFast]:
+    """The bundled trained chunk tagger (eval mode, sdpa attention; CPU unless told) and its tokenizer.
 
     Trained with ``python -m captum_attnflow.adversarial.train_tagger`` (defaults) on the generated
     sentences' gold chunk tags; its held-out chunk F1 is in ``assets/tagger/eval_results.json``.
@@ -161,6 +166,12 @@ def load_chunk_tagger(directory: str | Path | None = None) -> tuple[TaggerModel,
     Args:
         directory: a checkpoint written by the training command to load instead; None
             (default) loads the bundled one.
+        device: where the model goes (``"cpu"``, ``"cuda"``, ``"cuda:N"``, ``"mps"``, ``"auto"``
+            for the first CUDA device when there is one); None (default) the CPU.
+        dtype: ``"float32"``, ``"bfloat16"``, ``"float16"`` (or the torch dtype); None (default)
+            the checkpoint's float32.
+        device_map: accelerate's device map instead of ``device`` (``"auto"``, ...); see
+            :func:`~captum_attnflow.hf.placement.load_pretrained`.
 
     Returns:
         tuple: ``(model, tokenizer)``, a :class:`TaggerModel` (:func:`bundled_tagger_config`)
@@ -169,6 +180,7 @@ def load_chunk_tagger(directory: str | Path | None = None) -> tuple[TaggerModel,
 
     Raises:
         FileNotFoundError: no model files where they should be.
+        ValueError: an unknown device or dtype, or a device this torch cannot use.
 
     Example::
 
@@ -179,4 +191,5 @@ def load_chunk_tagger(directory: str | Path | None = None) -> tuple[TaggerModel,
         ['B-NP', 'I-NP', 'B-PP', 'B-NP', 'I-NP']
     """
     path = TAGGER_DIR if directory is None else Path(directory)
-    return load_checkpoint(TaggerModel, path, "tagger", "captum_attnflow.adversarial.train_tagger")
+    return load_checkpoint(TaggerModel, path, "tagger", "captum_attnflow.adversarial.train_tagger",
+                           device=device, dtype=dtype, device_map=device_map)

@@ -106,6 +106,6 @@ def _dense_correlations(records: Sequence[dict[str, Any]], methods: tuple[str, .
         for method in methods:
             for reference in PAPER_REFERENCES:
                 for layer, values in enumerate(record["scores"][method], start=1):
-                    rho = dense_rank_spearman(values, record["scores"][reference], record["mask"]).numpy()
+                    rho = dense_rank_spearman(values, record["scores"][reference], record["mask"]).cpu().numpy()
                     parts.setdefault((method, reference + DENSE, layer), []).append(rho)
     return {key: np.concatenate(values) for key, values in parts.items()}

@@ -101,15 +101,15 @@ class _Scorer:
         for name in (*self.methods, *OURS_REFERENCES):
             values = scores[name] if name in self.methods else scores[name][None]
             above, tied = _subject_versus_attractors(values, batch["subject_positions"], attractors)
-            subject_first[name] = above[:, with_attractors].numpy()
-            subject_tied[name] = tied[:, with_attractors].numpy()
+            subject_first[name] = above[:, with_attractors].cpu().numpy()
+            subject_tied[name] = tied[:, with_attractors].cpu().numpy()
         return dict(
             scores=scores,
             mask=mask.bool(),
             subject_first=subject_first,
             subject_tied=subject_tied,
-            num_attractors=(attractors >= 0).sum(1)[with_attractors].numpy(),
-            correct=(predictions == labels).numpy(),
+            num_attractors=(attractors >= 0).sum(1)[with_attractors].cpu().numpy(),
+            correct=(predictions == labels).cpu().numpy(),
         )
 
 

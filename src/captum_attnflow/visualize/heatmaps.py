@@ -1,8 +1,15 @@
-"""Layers x tokens heatmaps: one method, several side by side, every position at every layer."""
+"""Layers x tokens heatmaps: one method, several side by side, every position at every layer.
+
+Scores that can be negative (AttnLRP's relevance, blank-out's change of probability, input x
+gradient) are drawn on a diverging scale centred at 0 (``RdBu_r``: red above 0, blue below,
+white at 0, as the HTML view colours them), so a strongly negative token is not mistaken for an
+irrelevant one; scores that cannot (attention weights, rollout, flow, norms) keep the
+sequential ``Blues`` scale from their smallest to their largest value.
+"""
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Collection, Mapping, Sequence
 
 import numpy as np
 from matplotlib.axes import Axes
@@ -11,6 +18,8 @@ from torch import Tensor
 
 from captum_attnflow.visualize._layout import Scores, as_layers, check_tokens, figure_and_axes, row_count
 
+SEQUENTIAL, DIVERGING = "Blues", "RdBu_r"
+
 
 def plot_layer_heatmap(
     scores: Scores,
@@ -18,8 +27,9 @@ def plot_layer_heatmap(
     ax: Axes | None = None,
     title: str | None = None,
     layer_labels: Sequence[str] | None = None,
-    cmap: str = "Blues",
+    cmap: str | None = None,
     colorbar: bool = True,
+    signed: bool | None = None,
 ) -> Figure:
     """Heatmap of one method's scores, layers (rows, top layer on top) x tokens (columns).
 
@@ -33,8 +43,15 @@ def plot_layer_heatmap(
         title: the axes title.
         layer_labels: the L row labels, bottom to top; default ``L1`` .. ``L<L>`` (a single
             row is labelled ``output``).
-        cmap: a matplotlib colormap name.
+        cmap: a matplotlib colormap name; default ``Blues`` for unsigned scores, ``RdBu_r``
+            for signed ones.
         colorbar: add a colorbar (one more axes in the figure).
+        signed: True draws the scores on a scale centred at 0, from ``-m`` to ``m`` with
+            ``m`` their largest absolute value; False from their minimum to their maximum;
+            None (default) decides from the data: signed when a score is negative. Pass the
+            method's own property when it is known (``Method.signed`` of
+            :mod:`captum_attnflow.methods`), so that a method with signed scores keeps its
+            diverging scale on an input where all of them happen to be positive.
 
     Returns:
         Figure: the figure holding ``ax``.
@@ -44,8 +61,12 @@ def plot_layer_heatmap(
         >>> import torch
         >>> from captum_attnflow.visualize import plot_layer_heatmap
         >>> fig = plot_layer_heatmap(torch.rand(6, 4), ["[CLS]", "the", "keys", "to"], title="rollout")
-        >>> len(fig.axes)
-        2
+        >>> len(fig.axes), fig.axes[0].images[0].get_cmap().name
+        (2, 'Blues')
+        >>> fig = plot_layer_heatmap(torch.tensor([0.125, -0.5, 0.25, 0.0]), ["[CLS]", "the", "keys", "to"])
+        >>> image = fig.axes[0].images[0]  # AttnLRP-like relevance: white at 0
+        >>> image.get_cmap().name, image.get_clim()
+        ('RdBu_r', (-0.5, 0.5))
     """
     values = as_layers(scores, "scores")
     num_layers, n = values.shape
@@ -55,7 +76,7 @@ def plot_layer_heatmap(
     if len(layer_labels) != num_layers:
         raise ValueError(f"layer_labels has {len(layer_labels)} labels for {num_layers} rows of scores.")
     figure, ax = figure_and_axes(ax, width=0.55 * n + 2.0, height=0.35 * num_layers + 1.4)
-    image = ax.imshow(values, cmap=cmap, aspect="auto", origin="lower", interpolation="nearest")
+    image = ax.imshow(values, aspect="auto", origin="lower", interpolation="nearest", **colour_scale(values, signed, cmap))
     ax.set_xticks(range(n), labels=list(tokens), rotation=45, ha="right")
     ax.set_yticks(range(num_layers), labels=list(layer_labels))
     if title is not None:
@@ -69,29 +90,36 @@ def plot_methods(
     scores: Mapping[str, Scores],
     tokens: Sequence[str],
     title: str | None = None,
-    cmap: str = "Blues",
+    cmap: str | None = None,
     layer_labels: Mapping[str, Sequence[str]] | None = None,
     columns: int = 3,
     value_labels: Mapping[str, str] | None = None,
+    signed: Collection[str] | None = None,
 ) -> Figure:
     """Layer heatmaps of several methods, one panel (with its colorbar) per method, ``columns``
     panels a row (the paper's Figures 2 and 3 for raw attention, rollout and flow).
 
     Each method keeps its own colour scale: raw attention, rollout and flow live on
     different scales (flow is not normalised to sum to 1), so a shared scale would wash
-    out all but one of them.
+    out all but one of them. Methods with signed scores are drawn on a diverging scale
+    centred at 0, the others on a sequential one (see :func:`plot_layer_heatmap`).
 
     Args:
         scores: method name -> (L, n) scores (or (n,) for single-output methods) for one example.
         tokens: the n token strings.
         title: the figure title.
-        cmap: a matplotlib colormap name.
+        cmap: a matplotlib colormap name for every panel; default ``Blues`` for unsigned
+            methods and ``RdBu_r`` for signed ones.
         layer_labels: method name -> its row labels, bottom to top, for methods whose rows
             are not layers 1..L (e.g. ``{"flow": ["L6"]}`` for one layer); see
             :func:`plot_layer_heatmap`.
         columns: panels per row; more methods wrap into further rows, so the figure stays
             readable when embedded.
         value_labels: method name -> what its colour bar shows; default ``"<name> score"``.
+        signed: the names of the methods whose scores can be negative, drawn centred at 0;
+            the rest from their minimum to their maximum. None (default) decides each method
+            from its data (signed when a score is negative); ``captum-attnflow explain``
+            passes the methods declared signed in :mod:`captum_attnflow.methods`.
 
     Returns:
         Figure: 2 axes per method (heatmap and colorbar), in the order of ``scores``.
@@ -119,7 +147,8 @@ def plot_methods(
         ax.set_visible(False)
     for ax, (name, values) in zip(axes, scores.items()):
         labels = None if layer_labels is None else layer_labels.get(name)
-        plot_layer_heatmap(values, tokens, ax=ax, title=name, layer_labels=labels, cmap=cmap)
+        plot_layer_heatmap(values, tokens, ax=ax, title=name, layer_labels=labels, cmap=cmap,
+                           signed=None if signed is None else name in signed)
         ax.set_xlabel("input token")
         ax.set_ylabel("layer" if row_count(values) > 1 else "")
         colorbar = figure.axes[-1]
@@ -129,11 +158,22 @@ def plot_methods(
     return figure
 
 
+def colour_scale(values: np.ndarray, signed: bool | None, cmap: str | None) -> dict:
+    """``imshow``'s ``cmap``, ``vmin`` and ``vmax`` for ``values``: centred at 0 when ``signed``
+    (or, for None, when a value is negative), from the minimum to the maximum otherwise."""
+    if signed is None:
+        signed = bool((values < 0).any())
+    if not signed:
+        return dict(cmap=cmap or SEQUENTIAL, vmin=float(values.min()), vmax=float(values.max()))
+    largest = float(np.abs(values).max()) or 1.0  # all zeros: a scale around 0 still
+    return dict(cmap=cmap or DIVERGING, vmin=-largest, vmax=largest)
+
+
 def plot_position_maps(
     maps: Mapping[str, Scores],
     tokens: Sequence[str],
     title: str | None = None,
-    cmap: str = "Blues",
+    cmap: str = SEQUENTIAL,
     value_labels: Mapping[str, str] | None = None,
 ) -> Figure:
     """The paper's Figure 1: for each method (a row) and layer (a column), the scores of every

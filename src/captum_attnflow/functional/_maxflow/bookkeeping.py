@@ -30,31 +30,68 @@ def _next_alive(skip, k, j):
     return root
 
 
+# Flows are stored in blocks of this many consecutive edges of the packed graph.
+BLOCK = 64
+# ``blocks[b]`` of a block that holds no flow.
+NO_BLOCK = -1
+
+
 @njit(cache=True, inline="always")
-def _remember(touched, index):
-    """Append the flat index ``(k * m + i) * m + j`` of a flow entry made nonzero to ``touched``
+def _remember(touched, slot):
+    """Append the packed index ``slot`` of an edge whose flow was made nonzero to ``touched``
     (``touched[0]`` counts them); a full list stops growing and counts as overflowed."""
     if touched[0] < touched.shape[0] - 1:
         touched[0] += 1
-        touched[touched[0]] = index
+        touched[touched[0]] = slot
 
 
 @njit(cache=True, inline="always")
-def _entry(index, m):
-    """(k, i, j) of the flat index of a (layers, m, m) flow entry."""
-    return index // (m * m), (index // m) % m, index % m
+def _flow(pool, blocks, slot):
+    """The flow on the edge stored at ``slot`` of the packed graph.
+
+    A thread's flows are ``pool``, ``blocks`` and ``used``: the blocks of ``BLOCK`` edges that
+    carry flow in the current (source, sink) pair, packed in ``pool`` (float64) in the order
+    they were first written, block ``b`` from ``pool[blocks[b]]`` (``NO_BLOCK`` for the
+    others); ``used[0]`` is the end of the pool in use.
+    """
+    start = blocks[slot // BLOCK]
+    return pool[start + slot % BLOCK] if start != NO_BLOCK else 0.0
+
+
+@njit(cache=True, inline="always")
+def _flow_at(pool, blocks, offsets, rows, k, i, j):
+    """The flow on edge (k + 1, i) -> (k, j), 0 outside the row's span."""
+    if j < rows[k, i, 0] or j >= rows[k, i, 1]:
+        return 0.0
+    return _flow(pool, blocks, offsets[k, i] + j - rows[k, i, 0])
+
+
+@njit(cache=True, inline="always")
+def _flow_index(blocks, used, slot):
+    """Where the flow of the edge at ``slot`` is in the pool; its block is given room there
+    (zeros) on first use."""
+    start = blocks[slot // BLOCK]
+    if start == NO_BLOCK:
+        start = used[0]
+        blocks[slot // BLOCK] = start
+        used[0] += BLOCK
+    return start + slot % BLOCK
 
 
 @njit(cache=True)
-def _clear(flow, flow_t, touched):
-    """Zero the entries of ``flow`` listed in ``touched`` (all of it if the list overflowed)."""
-    layers, m, _ = flow.shape
+def _clear(pool, blocks, used, touched):
+    """Zero the flows of the edges listed in ``touched`` (the whole pool in use if the list
+    overflowed) and release their blocks: the pool is all zeros again, from its start."""
     if touched[0] >= touched.shape[0] - 1:
-        flow[:] = 0.0
-        flow_t[:] = 0.0
+        pool[: used[0]] = 0.0
+        blocks[:] = NO_BLOCK
     else:
+        # Every block in use holds an edge of the list: the one that first wrote to it.
         for n in range(1, touched[0] + 1):
-            k, i, j = _entry(touched[n], m)
-            flow[k, i, j] = 0.0
-            flow_t[k, j, i] = 0.0
+            start = blocks[touched[n] // BLOCK]
+            if start != NO_BLOCK:
+                pool[start + touched[n] % BLOCK] = 0.0
+        for n in range(1, touched[0] + 1):
+            blocks[touched[n] // BLOCK] = NO_BLOCK
+    used[0] = 0
     touched[0] = 0

@@ -7,22 +7,24 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from .packed import _at
+
 
 @njit(cache=True)
-def _cut_capacity(cap, cap_t, source, dist):
+def _cut_capacity(cap, offsets, rows, cols, source, dist):
     """Capacity of the edges into the nodes that reach the sink (dist >= 0) from the others.
 
     Between two layers, the loop runs over the smaller of the two sides of the cut: when the
     cut lies near the source, few nodes are left outside it.
     """
-    layers, m, _ = cap.shape
+    layers, m = offsets.shape
     total = 0.0
     for k in range(layers):
         if k + 1 == layers:
             # Only the source is in the graph at the top layer.
             for i in range(m):
                 if dist[k, i] >= 0:
-                    total += cap[k, source, i]
+                    total += _at(cap, offsets, rows, k, source, i)
             continue
         inside = 0
         outside = 0
@@ -32,33 +34,35 @@ def _cut_capacity(cap, cap_t, source, dist):
         if inside <= outside:
             for i in range(m):
                 if dist[k, i] >= 0:
-                    for j in range(m):
+                    for j in range(cols[k, i, 0], cols[k, i, 1]):
                         if dist[k + 1, j] < 0:
-                            total += cap_t[k, i, j]
+                            total += _at(cap, offsets, rows, k, j, i)
         else:
             for j in range(m):
                 if dist[k + 1, j] < 0:
-                    for i in range(m):
+                    base = offsets[k, j] - rows[k, j, 0]
+                    for i in range(rows[k, j, 0], rows[k, j, 1]):
                         if dist[k, i] >= 0:
-                            total += cap[k, j, i]
+                            total += cap[base + i]
     return total
 
 
 @njit(cache=True)
-def _trivial_bound(cap, cap_t, source, sink):
+def _trivial_bound(cap, offsets, rows, cols, source, sink):
     """min(out-capacity of (l, source), in-capacity of (0, sink)): both are cuts."""
-    layers, m, _ = cap.shape
+    layers = offsets.shape[0]
     out_capacity = 0.0
-    for j in range(m):
-        out_capacity += cap[layers - 1, source, j]
+    base = offsets[layers - 1, source] - rows[layers - 1, source, 0]
+    for j in range(rows[layers - 1, source, 0], rows[layers - 1, source, 1]):
+        out_capacity += cap[base + j]
     in_capacity = 0.0
-    for i in range(m):
-        in_capacity += cap_t[0, sink, i]
+    for i in range(cols[0, sink, 0], cols[0, sink, 1]):
+        in_capacity += _at(cap, offsets, rows, 0, i, sink)
     return min(out_capacity, in_capacity)
 
 
 @njit(cache=True)
-def _causal_bounds(cap, cap_t, source, bounds, below, left):
+def _causal_bounds(cap, offsets, rows, source, bounds, below, left, columns):
     """``bounds[t]``: the least capacity of the threshold cuts from (l, source) to every (0, t) of a causal graph.
 
     In a causal graph (edges (k, i) -> (k-1, j) only for j <= i) the nodes at positions below
@@ -79,33 +83,49 @@ def _causal_bounds(cap, cap_t, source, bounds, below, left):
     :math:`\\tau \\to \\tau + 1` updates :math:`G_k` by :math:`\\sum_{i=\\tau+1}^{p} A_k[i, \\tau]`
     (``below[k, tau]``, per source) minus :math:`\\sum_{j=t}^{\\tau-1} A_k[\\tau, j]`
     (``left[k, tau]``, per sink, grown by one column as t falls): O(l p^2) for all sinks.
-    Sinks after the source get 0, exactly (no path reaches them).
+    Sinks after the source get 0, exactly (no path reaches them). The columns that ``left``
+    and the sink's in-capacity read are copied, a few at a time, into ``columns`` (l - 1, m, c)
+    row by row: read down a packed column directly, every entry would be on a page of its own.
     """
-    layers, m, _ = cap.shape
+    layers = offsets.shape[0]
     p = source
     bounds[:] = 0.0
     below[:] = 0.0
     left[:] = 0.0
     for k in range(1, layers - 1):
-        for tau in range(p):
-            total = 0.0
-            for i in range(tau + 1, p + 1):
-                total += cap_t[k, tau, i]
-            below[k, tau] = total
+        # Row by row (the packed rows are contiguous); each below[k, tau] still adds its terms
+        # in the order of i.
+        for i in range(1, p + 1):
+            base = offsets[k, i] - rows[k, i, 0]
+            for tau in range(rows[k, i, 0], min(i, rows[k, i, 1])):
+                below[k, tau] += cap[base + tau]
     cuts = np.zeros(layers)
+    width = columns.shape[2]
+    first = p + 1
     for t in range(p, -1, -1):
+        if t < first:
+            # columns[k, i, c] = A_{k+1}[i, first + c] for the next ``width`` columns down to t.
+            first = max(0, t - width + 1)
+            for k in range(layers - 1):
+                for i in range(first, p + 1):
+                    start, end = rows[k, i, 0], rows[k, i, 1]
+                    base = offsets[k, i] - start
+                    for c in range(t - first + 1):
+                        j = first + c
+                        columns[k, i, c] = cap[base + j] if start <= j < end else 0.0
+        c = t - first
         for k in range(1, layers - 1):
             for tau in range(t + 1, p + 1):
-                left[k, tau] += cap_t[k, t, tau]
+                left[k, tau] += columns[k, tau, c]
         into_sink = 0.0
         for i in range(t, p + 1):
-            into_sink += cap_t[0, t, i]
+            into_sink += columns[0, i, c]
         best = into_sink
         from_source = 0.0
         cuts[:] = 0.0
         for tau in range(t, p + 1):
-            from_source += cap[layers - 1, p, tau]
-            into_sink -= cap_t[0, t, tau]
+            from_source += _at(cap, offsets, rows, layers - 1, p, tau)
+            into_sink -= columns[0, tau, c]
             total = from_source + into_sink
             for k in range(1, layers - 1):
                 cuts[k] += below[k, tau] - left[k, tau]
@@ -115,7 +135,7 @@ def _causal_bounds(cap, cap_t, source, bounds, below, left):
 
 
 @njit(cache=True)
-def _threshold_cut(cap, cap_t, source, sink, cost, following, row_sums):
+def _threshold_cut(cap, offsets, rows, source, sink, cost, following, row_sums, into_sink):
     """The least capacity of a wider family of cuts of a causal graph than :func:`_causal_bounds`'s.
 
     Each layer k of 2..l-1 has its own threshold :math:`\\tau_k` (the source's side holds the
@@ -130,10 +150,10 @@ def _threshold_cut(cap, cap_t, source, sink, cost, following, row_sums):
 
     minimised layer by layer (dynamic programming, O(l w^2) for the w = p - t + 1 positions
     between sink and source). It finds the cuts near the sink that flow creeping towards it a
-    few positions per layer meets. ``cost``, ``following`` and ``row_sums`` are scratch of size
-    >= w + 1.
+    few positions per layer meets. ``cost``, ``following``, ``row_sums`` and ``into_sink`` are
+    scratch of size >= w + 1.
     """
-    layers = cap.shape[0]
+    layers = offsets.shape[0]
     t, p = sink, source
     w = p - t + 1
     # cost[a]: the least cut of the layers above with threshold t + a at the current layer.
@@ -143,9 +163,18 @@ def _threshold_cut(cap, cap_t, source, sink, cost, following, row_sums):
         following[: w + 1] = np.inf
         row_sums[: w + 1] = 0.0  # row_sums[b] = F_k(t + a, t + b) for the current a
         for a in range(w - 1, -1, -1):
+            # prefix: the sum of A_k[t + a, j] over t <= j < t + b, for b = 1..w
+            start, end = rows[k, t + a, 0], rows[k, t + a, 1]
+            base = offsets[k, t + a] - start
+            lo = min(max(start - t, 0), w)
+            hi = max(min(end - t, w), lo)
             prefix = 0.0
-            for b in range(1, w + 1):
-                prefix += cap[k, t + a, t + b - 1]
+            for b in range(1, lo + 1):
+                row_sums[b] += prefix
+            for b in range(lo + 1, hi + 1):
+                prefix += cap[base + t + b - 1]
+                row_sums[b] += prefix
+            for b in range(hi + 1, w + 1):
                 row_sums[b] += prefix
             if cost[a] < np.inf:
                 for b in range(w + 1):
@@ -154,12 +183,14 @@ def _threshold_cut(cap, cap_t, source, sink, cost, following, row_sums):
         cost[: w + 1] = following[: w + 1]
     best = cost[w]
     row_sums[: w + 1] = 0.0  # row_sums[i] = sum of A_2[h, t + i] over h >= t + a
+    for i in range(w):
+        into_sink[i] = _at(cap, offsets, rows, 0, t + i, t)
     for a in range(w - 1, -1, -1):
         for i in range(a + 1):
-            row_sums[i] += cap[1, t + a, t + i]
+            row_sums[i] += _at(cap, offsets, rows, 1, t + a, t + i)
         if cost[a] < np.inf:
             total = cost[a]
             for i in range(w):
-                total += min(cap_t[0, t, t + i], row_sums[i])
+                total += min(into_sink[i], row_sums[i])
             best = min(best, total)
     return max(best, 0.0)

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from numba import njit
 
-from .bookkeeping import EPS, _next_alive
+from .bookkeeping import EPS, _flow, _flow_at, _flow_index, _next_alive
+from .packed import _at, _slot
 
 
 @njit(cache=True)
-def _levels_to_sink(cap_t, flow, flow_t, rows, cols, source, sink, dist, queue_k, queue_i, unseen):
+def _levels_to_sink(cap, pool, blocks, used, offsets, rows, cols, source, sink, dist, queue_k, queue_i, unseen):
     """Residual BFS towards (0, sink): ``dist`` = residual distance to the sink, -1 if none.
 
     Searching backwards from the sink rather than forwards from the source pays off at the
@@ -19,7 +20,7 @@ def _levels_to_sink(cap_t, flow, flow_t, rows, cols, source, sink, dist, queue_k
     reached yet (see :func:`_next_alive`): a node scans only those for new neighbours, so
     once a layer is mostly reached its scans are short.
     """
-    layers, m, _ = cap_t.shape
+    layers, m = offsets.shape
     for k in range(layers + 1):
         for j in range(m + 1):
             unseen[k, j] = j
@@ -35,13 +36,16 @@ def _levels_to_sink(cap_t, flow, flow_t, rows, cols, source, sink, dist, queue_k
         head += 1
         level = dist[k, i] + 1
         if k + 1 == layers:
-            if cap_t[k, i, source] - flow_t[k, i, source] > EPS:
+            slot = _slot(offsets, rows, k, source, i)
+            if slot >= 0 and cap[slot] - _flow(pool, blocks, slot) > EPS:
                 dist[layers, source] = level
                 return True
         elif k + 1 < layers:
+            # Residual arcs (k+1, j) -> (k, i) down the column of (k, i).
             j = _next_alive(unseen, k + 1, cols[k, i, 0])
             while j < cols[k, i, 1]:
-                if cap_t[k, i, j] - flow_t[k, i, j] > EPS:
+                slot = _slot(offsets, rows, k, j, i)
+                if slot >= 0 and cap[slot] - _flow(pool, blocks, slot) > EPS:
                     dist[k + 1, j] = level
                     unseen[k + 1, j] = j + 1
                     queue_k[tail] = k + 1
@@ -50,9 +54,10 @@ def _levels_to_sink(cap_t, flow, flow_t, rows, cols, source, sink, dist, queue_k
                 j = _next_alive(unseen, k + 1, j + 1)
         if k >= 2:
             # Residual arc (k-1, j) -> (k, i): cancelling flow sent down (k, i) -> (k-1, j).
+            base = offsets[k - 1, i] - rows[k - 1, i, 0]
             j = _next_alive(unseen, k - 1, rows[k - 1, i, 0])
             while j < rows[k - 1, i, 1]:
-                if flow[k - 1, i, j] > EPS:
+                if _flow(pool, blocks, base + j) > EPS:
                     dist[k - 1, j] = level
                     unseen[k - 1, j] = j + 1
                     queue_k[tail] = k - 1
@@ -63,22 +68,23 @@ def _levels_to_sink(cap_t, flow, flow_t, rows, cols, source, sink, dist, queue_k
 
 
 @njit(cache=True)
-def _residual(cap, flow, flow_t, k, i, arc, m):
-    """Residual capacity of arc ``arc`` of node (k, i): arcs < m go down to (k-1, arc), others up."""
+def _residual(cap, pool, blocks, used, offsets, rows, k, i, arc, m):
+    """Residual capacity of arc ``arc`` of node (k, i): arcs < m go down to (k-1, arc), others up
+    (the flow of (k+1, arc - m) -> (k, i), which they cancel)."""
     if arc < m:
-        return cap[k - 1, i, arc] - flow[k - 1, i, arc]
-    return flow_t[k, i, arc - m]
+        return _at(cap, offsets, rows, k - 1, i, arc) - _flow_at(pool, blocks, offsets, rows, k - 1, i, arc)
+    return _flow_at(pool, blocks, offsets, rows, k, arc - m, i)
 
 
 @njit(cache=True)
-def _blocking_flow(cap, flow, flow_t, rows, cols, sink, dist, ptr, path_k, path_i, path_arc, touched, budget):
+def _blocking_flow(cap, pool, blocks, used, offsets, rows, cols, sink, dist, ptr, path_k, path_i, path_arc, touched, budget):
     """Augment along residual paths on which ``dist`` drops by one per arc, until none is left.
 
     The path starts at ``path_k[0], path_i[0]`` (the source) and ends at the node of distance
     0 (the sink); at most ``budget`` is pushed. Arcs ``< m`` of a node go down, the others up.
     Returns the flow pushed; flow entries it makes nonzero are appended to ``touched``.
     """
-    layers, m, _ = cap.shape
+    layers, m = offsets.shape
     num_arcs = 2 * m
     ptr[:] = 0
     pushed = 0.0
@@ -90,7 +96,7 @@ def _blocking_flow(cap, flow, flow_t, rows, cols, sink, dist, ptr, path_k, path_
         if k == 0:
             delta = budget - pushed
             for d in range(depth):
-                res = _residual(cap, flow, flow_t, path_k[d], path_i[d], path_arc[d], m)
+                res = _residual(cap, pool, blocks, used, offsets, rows, path_k[d], path_i[d], path_arc[d], m)
                 if res < delta:
                     delta = res
             first_saturated = depth
@@ -99,15 +105,15 @@ def _blocking_flow(cap, flow, flow_t, rows, cols, sink, dist, ptr, path_k, path_
                 idx = path_i[d]
                 arc = path_arc[d]
                 if arc < m:
-                    if flow[kd - 1, idx, arc] == 0.0 and num_touched < touched.shape[0] - 1:
+                    slot = offsets[kd - 1, idx] + arc - rows[kd - 1, idx, 0]
+                    index = _flow_index(blocks, used, slot)
+                    if pool[index] == 0.0 and num_touched < touched.shape[0] - 1:
                         num_touched += 1
-                        touched[num_touched] = ((kd - 1) * m + idx) * m + arc
-                    flow[kd - 1, idx, arc] += delta
-                    flow_t[kd - 1, arc, idx] = flow[kd - 1, idx, arc]
+                        touched[num_touched] = slot
+                    pool[index] += delta
                 else:
-                    flow_t[kd, idx, arc - m] -= delta
-                    flow[kd, arc - m, idx] = flow_t[kd, idx, arc - m]
-                if first_saturated == depth and _residual(cap, flow, flow_t, kd, idx, arc, m) <= EPS:
+                    pool[_flow_index(blocks, used, offsets[kd, arc - m] + idx - rows[kd, arc - m, 0])] -= delta
+                if first_saturated == depth and _residual(cap, pool, blocks, used, offsets, rows, kd, idx, arc, m) <= EPS:
                     first_saturated = d
             pushed += delta
             depth = first_saturated
@@ -118,19 +124,24 @@ def _blocking_flow(cap, flow, flow_t, rows, cols, sink, dist, ptr, path_k, path_
             # Downward arcs (k, i) -> (k-1, j): one tight scan along contiguous rows.
             arc = max(arc, rows[k - 1, i, 0])
             end = rows[k - 1, i, 1]
-            while arc < end and not (dist[k - 1, arc] == target and cap[k - 1, i, arc] - flow[k - 1, i, arc] > EPS):
+            base = offsets[k - 1, i] - rows[k - 1, i, 0]
+            while arc < end and not (dist[k - 1, arc] == target and cap[base + arc] - _flow(pool, blocks, base + arc) > EPS):
                 arc += 1
             if arc >= end:
                 arc = m
         elif arc < m:
             # Layer 1: the sink is the only input node in the graph, its arc the only downward one.
-            admissible = arc <= sink and dist[0, sink] == target and cap[0, i, sink] - flow[0, i, sink] > EPS
+            admissible = (
+                arc <= sink
+                and dist[0, sink] == target
+                and _at(cap, offsets, rows, 0, i, sink) - _flow_at(pool, blocks, offsets, rows, 0, i, sink) > EPS
+            )
             arc = sink if admissible else m
         if arc >= m:
             end = num_arcs if k == layers else m + cols[k, i, 1]
             arc = num_arcs if k == layers else max(arc, m + cols[k, i, 0])
             # Upward arcs (k, i) -> (k+1, j): cancelling flow sent down (k+1, j) -> (k, i).
-            while arc < end and not (dist[k + 1, arc - m] == target and flow_t[k, i, arc - m] > EPS):
+            while arc < end and not (dist[k + 1, arc - m] == target and _flow_at(pool, blocks, offsets, rows, k, arc - m, i) > EPS):
                 arc += 1
             if arc >= end:
                 arc = num_arcs
