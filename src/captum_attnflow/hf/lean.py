@@ -22,7 +22,7 @@ kernels of :mod:`captum_attnflow.hf.lean_triton`, which keep every head's scores
 
 It applies to models whose attention goes through the interface with queries, keys, a mask
 from transformers' mask functions (sliding windows included), a scaling factor and optionally
-Gemma 2's soft-capping :math:`c \tanh(x / c)` of the scores, and nothing else that changes the
+Gemma 2's soft-capping :math:`c \\tanh(x / c)` of the scores, and nothing else that changes the
 scores (no relative position bias or sinks): the model types in :data:`LEAN_MODEL_TYPES`, all
 tested against the maps the model returns itself. A call carrying anything else
 (:func:`captured_scores`) leaves the capture incomplete, and the model is explained from eager
