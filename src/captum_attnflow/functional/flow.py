@@ -29,8 +29,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from captum_attnflow.docstrings import fill_docstring
-from captum_attnflow.functional._maxflow import max_flows
-from captum_attnflow.functional._maxflow.packed import GraphPacker, PackedGraph
+from captum_attnflow.functional._maxflow import GraphPacker, PackedGraph, max_flows
 from captum_attnflow.functional._memory import check_flow_fits
 from captum_attnflow.functional.checks import POSITION_DOC, Attentions, head_indices, layer_indices, positions, shape_result
 from captum_attnflow.functional.graph import AttentionGraph, as_graph
