@@ -102,10 +102,12 @@ def main() -> None:
             lambda: flow.attribute(ids, position=LONG - 1, show_progress=False),
             args.repeats,
         )
-    needed = flow_bytes(layers=12, batch=1, n=4096, num_sources=1, out_layers=1, threads=numba.get_num_threads())
+    needed = flow_bytes(
+        layers=12, batch=1, n=4096, num_sources=1, out_layers=1, threads=numba.get_num_threads(), causal=True
+    )
     available = available_bytes()
     print(
-        f"flow memory at n = 4096 (L = 12, one source, {numba.get_num_threads()} kernel threads): "
+        f"flow memory at n = 4096 (L = 12, causal, one source, {numba.get_num_threads()} kernel threads), at most: "
         f"{needed / 2**30:.1f} GiB; available here: {'unknown' if available is None else f'{available / 2**30:.1f} GiB'}"
     )
     print(f"1-minute load {os.getloadavg()[0]:.1f} at the end")

@@ -29,8 +29,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from captum_attnflow.docstrings import fill_docstring
-from captum_attnflow.functional._maxflow import max_flows
-from captum_attnflow.functional._maxflow.packed import GraphPacker, PackedGraph
+from captum_attnflow.functional._maxflow import GraphPacker, PackedGraph, max_flows
 from captum_attnflow.functional._memory import check_flow_fits
 from captum_attnflow.functional.checks import POSITION_DOC, Attentions, head_indices, layer_indices, positions, shape_result
 from captum_attnflow.functional.graph import AttentionGraph, as_graph
@@ -111,7 +110,7 @@ def flow(
     threads = numba.get_num_threads()
     torch.set_num_threads(torch_threads)
     check_flow_fits(layers[-1] + 1, batch, n, num_sources, len(layers) * len(heads), threads, graph.is_causal)
-    caps = _packed_graphs(graph, layers[-1] + 1)
+    caps = _packed_graphs(graph, layers[-1] + 1, show_progress)
     head_caps = graph.heads.detach().to("cpu", torch.float32).numpy() if head is not None else None
     real = graph.mask.cpu().numpy()
     source_positions = source_positions.cpu().numpy()
@@ -153,17 +152,20 @@ def flow(
     return shape_result(result, layer, has_axis, head)
 
 
-def _packed_graphs(graph: AttentionGraph, count: int) -> list[PackedGraph]:
+def _packed_graphs(graph: AttentionGraph, count: int, show_progress: bool | None) -> list[PackedGraph]:
     """Each example's graph of :math:`A_1..A_{count}`, padding removed (the real positions
     renumbered), rows packed; built one (B, n, n) layer at a time (a streamed graph computes
-    each into one reused buffer), never as an (L, B, n, n) tensor."""
+    each into one reused buffer), never as an (L, B, n, n) tensor; ``show_progress`` as in
+    :meth:`AttentionGraph.walk`."""
     batch, n = graph.mask.shape
     real = graph.mask.cpu().numpy()
     keeps = [np.flatnonzero(real[b]) for b in range(batch)]
     packers = [GraphPacker(count, keep.size, triangle=graph.is_causal) for keep in keeps]
     on_cpu = graph.mask.device.type == "cpu"
     buffer = torch.empty(batch, n, n, dtype=torch.float32, device=graph.mask.device) if graph.is_streamed else None
-    for index in graph.walk(range(count), "attention graph"):
+    # Only a streamed graph computes its layers here; a stored one is packed in a moment.
+    show = show_progress if graph.is_streamed else False
+    for index in graph.walk(range(count), "attention graph", show):
         layer = graph.layer(index, out=buffer).detach()
         layer = (layer if on_cpu else layer.cpu()).float().numpy()
         for b, keep in enumerate(keeps):

@@ -30,8 +30,11 @@ def _next_alive(skip, k, j):
     return root
 
 
-# Flows are stored in blocks of this many consecutive edges of the packed graph.
-BLOCK = 64
+# Flows are stored in blocks of BLOCK = 2 ** _SHIFT consecutive edges of the packed graph (a
+# power of two: a slot's block and place in it are a shift and a mask).
+_SHIFT = 6
+BLOCK = 1 << _SHIFT
+_MASK = BLOCK - 1
 # ``blocks[b]`` of a block that holds no flow.
 NO_BLOCK = -1
 
@@ -54,8 +57,8 @@ def _flow(pool, blocks, slot):
     they were first written, block ``b`` from ``pool[blocks[b]]`` (``NO_BLOCK`` for the
     others); ``used[0]`` is the end of the pool in use.
     """
-    start = blocks[slot // BLOCK]
-    return pool[start + slot % BLOCK] if start != NO_BLOCK else 0.0
+    start = blocks[slot >> _SHIFT]
+    return pool[start + (slot & _MASK)] if start != NO_BLOCK else 0.0
 
 
 @njit(cache=True, inline="always")
@@ -70,12 +73,12 @@ def _flow_at(pool, blocks, offsets, rows, k, i, j):
 def _flow_index(blocks, used, slot):
     """Where the flow of the edge at ``slot`` is in the pool; its block is given room there
     (zeros) on first use."""
-    start = blocks[slot // BLOCK]
+    start = blocks[slot >> _SHIFT]
     if start == NO_BLOCK:
         start = used[0]
-        blocks[slot // BLOCK] = start
+        blocks[slot >> _SHIFT] = start
         used[0] += BLOCK
-    return start + slot % BLOCK
+    return start + (slot & _MASK)
 
 
 @njit(cache=True)
@@ -88,10 +91,10 @@ def _clear(pool, blocks, used, touched):
     else:
         # Every block in use holds an edge of the list: the one that first wrote to it.
         for n in range(1, touched[0] + 1):
-            start = blocks[touched[n] // BLOCK]
+            start = blocks[touched[n] >> _SHIFT]
             if start != NO_BLOCK:
-                pool[start + touched[n] % BLOCK] = 0.0
+                pool[start + (touched[n] & _MASK)] = 0.0
         for n in range(1, touched[0] + 1):
-            blocks[touched[n] // BLOCK] = NO_BLOCK
+            blocks[touched[n] >> _SHIFT] = NO_BLOCK
     used[0] = 0
     touched[0] = 0

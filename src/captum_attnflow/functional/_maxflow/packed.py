@@ -37,10 +37,12 @@ class PackedGraph(NamedTuple):
 
     @property
     def num_layers(self) -> int:
+        """l, the layers of edges."""
         return self.offsets.shape[0]
 
     @property
     def num_positions(self) -> int:
+        """m, the positions of each layer."""
         return self.offsets.shape[1]
 
     def first(self, count: int) -> "PackedGraph":
@@ -132,6 +134,7 @@ def _spans(layer, rows):
 
 @njit(cache=True)
 def _pack_rows(layer, rows, offsets, values):
+    """Copy each row's span of ``layer`` to ``values`` from its offset."""
     for i in range(layer.shape[0]):
         start = offsets[i]
         for j in range(rows[i, 0], rows[i, 1]):
