@@ -345,11 +345,11 @@ def fused_blocks(
     batch, heads, n, _ = query.shape
     n_keys = key.shape[2]
     kernels, per_head, size = _plan(scores)
-    # Buffers of about the block budget, reused by every block: fresh (B, H, rows, n) tensors per
-    # block cost a page fault per page, as much as the softmax itself at n = 4096.
     # Self-attention in which no query sees a later key (a decoder, with or without a padding
     # mask): a block stops at its last row's key.
-    keys_seen_causally = n == key.shape[2] and scores.attends_causally
+    keys_seen_causally = n == n_keys and scores.attends_causally
+    # Buffers of about the block budget, reused by every block: fresh (B, H, rows, n) tensors per
+    # block cost a page fault per page, as much as the softmax itself at n = 4096.
     if scratch is None:
         scratch = torch.empty(size, dtype=torch.float32, device=query.device)
     elif scratch.numel() < size:  # a buffer sized when the device had less memory free: smaller blocks
