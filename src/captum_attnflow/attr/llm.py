@@ -23,7 +23,7 @@ from captum_attnflow.functional.encoder_decoder import (
     encoder_decoder_raw_attention,
     encoder_decoder_rollout,
 )
-from captum_attnflow.hf import extract_attentions, input_device, seq2seq_attentions
+from captum_attnflow.hf import input_device, seq2seq_attentions
 
 try:  # transformers is a dependency, but keep the import error readable
     from transformers import PreTrainedModel

@@ -341,7 +341,7 @@ def fused_blocks(
     tensor: the gradient of a block is computed beside its probabilities. ``rows``: stop after
     the block holding that many leading rows (all rows if None).
     """
-    query, key, mask, scaling, causal = scores.query, scores.key, scores.mask, scores.scaling, scores.causal
+    query, key, mask, scaling = scores.query, scores.key, scores.mask, scores.scaling
     batch, heads, n, _ = query.shape
     n_keys = key.shape[2]
     kernels, per_head, size = _plan(scores)
