@@ -80,6 +80,7 @@ class AttentionGraph:
         self._stream_rows: Callable[[int, Tensor], Tensor] | None = None
         self._stream_blocks: Callable[[int], Iterable[tuple[int, int, Tensor]]] | None = None
         self._order: Tensor | None = None
+        self._back: Tensor | None = None
         self._building = threading.Lock()
         self._num_layers = weights.shape[0] if weights is not None else 0
         self._causal: bool | None = None
@@ -136,6 +137,7 @@ class AttentionGraph:
         graph._stream_blocks = fused_blocks
         if order is not None:
             graph._order = order.to(device)
+            graph._back = graph._order.argsort(dim=-1)  # the place in the run of each of the graph's tokens
         graph._num_layers = num_layers
         graph._causal = causal
         return graph
@@ -213,11 +215,6 @@ class AttentionGraph:
         if out is not None and fused.data_ptr() != out.data_ptr():
             fused = out.copy_(fused)
         return _mix_in_place(fused, self.mask, self.residual_alpha)
-
-    @property
-    def _back(self) -> Tensor:
-        """(B, n): the place in the run of each of the graph's tokens (``order`` inverted)."""
-        return self._order.argsort(dim=-1)
 
     def walk(self, indices: Iterable[int], description: str, show_progress: bool | None = None) -> Iterable[int]:
         """The layer ``indices`` in order, with a tqdm progress bar: shown when ``show_progress``
