@@ -330,18 +330,20 @@ class LLMAttentionAttribution(TokenPreparation, Attribution):
     ) -> LLMAttentionAttributionResult:
         """Split (n_out, n_in + n_out) rows into the prompt's, the outputs' and the sink's shares."""
         n_in, n_out = prompt.numel(), output.numel()
-        rows = rows.float().cpu()
+        rows = rows.float()  # on the model's device, as Captum's LLM results are
+        device = rows.device
         if receptive_field:
             # position n_in - 1 + t predicts output t; positions j..p can attend to token j
-            predicting = torch.arange(n_out)[:, None] + n_in - 1
-            rows = rows / (predicting - torch.arange(n_in + n_out)[None, :] + 1).clamp_min(1)
+            predicting = torch.arange(n_out, device=device)[:, None] + n_in - 1
+            rows = rows / (predicting - torch.arange(n_in + n_out, device=device)[None, :] + 1).clamp_min(1)
         prompt_rows, later = rows[:, :n_in], rows[:, n_in:]
         decoder_start = None
         if self.encoder_decoder:
             # the decoder's inputs are its start token and every output token but the last
             decoder_start = later[:, 0].clone()
-            later = torch.cat([later[:, 1:], torch.zeros(n_out, 1)], 1)
+            later = torch.cat([later[:, 1:], later.new_zeros(n_out, 1)], 1)
         columns = torch.ones(n_in, dtype=torch.bool) if text.itp_mask is None else text.itp_mask[0].cpu().bool().clone()
+        columns = columns.to(device)
         if drop_sink:
             columns[0] = False
         token_attr = prompt_rows[:, columns]

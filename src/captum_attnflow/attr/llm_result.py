@@ -90,7 +90,7 @@ class LLMAttentionAttributionResult(LLMAttributionResult):
 
         rows = [f"{t + 1}: {token}" for t, token in enumerate(self.output_tokens)]
         name = " ".join(part for part in (self.method, self.model_name) if part)
-        section = Section(name, rows, self.input_tokens, self.token_attr.float().numpy(), "score of the prompt token")
+        section = Section(name, rows, self.input_tokens, self.token_attr.detach().float().cpu().numpy(), "score of the prompt token")
         page = attribution_html(
             [section], title=title or "prompt: " + " ".join(self.input_tokens),
             prediction="output: " + " ".join(self.output_tokens), full_page=path is not None,
