@@ -67,6 +67,8 @@ def _masks(allowed):
     keys = allowed[:, None, None]  # (B, 1, 1, n)
     causal = torch.ones(n, n, dtype=torch.bool).tril()
     lowest = torch.finfo(torch.float32).min
+    whole_row = torch.zeros(allowed.shape[0], 1, n, n).masked_fill(~keys, lowest)
+    whole_row[:, :, 5] = lowest
     return [
         ("none", None, False),
         ("causal", None, True),
@@ -74,6 +76,8 @@ def _masks(allowed):
         ("bool per query", keys & causal, False),  # (B, 1, n, n), padding and causality
         ("additive keys", torch.zeros(allowed.shape[0], 1, 1, n).masked_fill(~keys, lowest), False),
         ("additive -inf rows", torch.zeros(1, 1, n, n).masked_fill(~causal, float("-inf")), False),
+        # eager's minimum over a whole row (query 5): uniform there, as eager gives it
+        ("additive minimum, a row masked whole", whole_row, False),
     ]
 
 
@@ -248,3 +252,48 @@ def test_blocks_sized_by_the_device(monkeypatch):
     monkeypatch.setattr(lean, "_kernels", lambda device: lean_triton)
     _, kernel_rows, kernel_scratch = lean._plan(scores)
     assert kernel_rows == 4 * torch_rows and kernel_scratch == kernel_rows < torch_scratch
+
+
+def _product_reference(scores, vectors, real_keys=None, gradient=None):
+    """``vectors`` times the head-mean map of the torch path, and its row sums over ``real_keys``."""
+    fused = _torch_path(scores, "mean", gradient=gradient)[:, : vectors.shape[-1]]
+    sums = None if real_keys is None else (fused * real_keys[:, None, :]).sum(-1)
+    return vectors @ fused, sums
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["one chunk", "chunks of 16 rows"])
+def test_row_products_equal_the_product_with_the_map(monkeypatch, chunked):
+    """u W without W written: every mask form, tiles smaller than the map, rows in chunks whose
+    partial products are summed, and the head-mean probability on the real keys."""
+    monkeypatch.setattr(lean_triton, "_TILE", (16, 32))
+    if chunked:
+        monkeypatch.setattr(lean_triton, "_CHUNK_ROWS", 16)
+        monkeypatch.setattr(lean_triton, "_PROGRAMS_PER_SM", 8)
+    query, key, allowed = _inputs()
+    vectors = torch.rand(2, 3, 37, generator=torch.Generator().manual_seed(2))
+    for name, mask, causal in _masks(allowed):
+        scores = AttentionScores(query, key, mask, 0.3, causal)
+        product = lean_triton.row_product(query.to(DEVICE), key.to(DEVICE), None if mask is None else mask.to(DEVICE),
+                                          0.3, causal, 37, real_keys=allowed.to(DEVICE))
+        expected, sums = _product_reference(scores, vectors, allowed.float())
+        torch.testing.assert_close(product(vectors.to(DEVICE)).cpu(), expected, atol=1e-6, rtol=0, msg=name)
+        torch.testing.assert_close(product.real_sums.cpu(), sums, atol=1e-6, rtol=0, msg=name)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_gradient_weighted_row_products_of_the_leading_rows(dtype):
+    """The gradient-weighted map's first 20 rows times 33 vectors (more than one tile of them)."""
+    query, key, allowed = _inputs(dtype=dtype)
+    generator = torch.Generator().manual_seed(1)
+    grad_output = torch.randn(2, 37, 4, 8, generator=generator).to(dtype).transpose(1, 2)
+    value = torch.randn(2, 2, 37, 8, generator=generator).to(dtype)
+    vectors = torch.rand(2, 33, 20, generator=generator)
+    mask = allowed[:, None, None] & torch.ones(37, 37, dtype=torch.bool).tril()
+    scores = AttentionScores(query, key, mask, 0.3, False)
+    moved = tuple(t.to(DEVICE) for t in (grad_output, value))
+    product = lean_triton.row_product(query.to(DEVICE), key.to(DEVICE), mask.to(DEVICE), 0.3, True, 20, gradient=moved)
+    expected, _ = _product_reference(scores, vectors, gradient=(grad_output, value))
+    torch.testing.assert_close(product(vectors.to(DEVICE)).cpu(), expected, atol=TOLERANCE[dtype], rtol=0)
+    assert product.real_sums is None
+    with pytest.raises(ValueError, match="at most 64 row vectors"):
+        product(torch.zeros(2, 65, 20, device=DEVICE))

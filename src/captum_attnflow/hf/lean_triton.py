@@ -5,25 +5,35 @@ The torch operations of :mod:`captum_attnflow.hf.lean` write every head's (rows,
 memory and read them back for the mask, the softmax and the fusion; on a GPU that traffic, not
 the arithmetic, sets the time (a Llama-1B layer at n = 16384: 70 ms against 2.6 ms for its own
 flash attention). Here, as in flash attention, no per-head score leaves the chip. For a block of
-query rows, per head :math:`h`,
+query rows, per head :math:`h`, with the scores in base-2 units
+:math:`t_h = \\log_2(e)\\,(c \\tanh((q_h k_h^\\top s) / c) + M)` (soft-capping :math:`c` if any,
+mask :math:`M`: bool, additive, or causality),
 
-1. :func:`_row_statistics` walks the key tiles once and keeps the row maximum
-   :math:`m_h = \\max_j s_{hj}` and the sum :math:`l_h = \\sum_j e^{s_{hj} - m_h}` of the scores
-   :math:`s_h = c \\tanh((q_h k_h^\\top s) / c) + M` (soft-capping :math:`c` if any, mask
-   :math:`M`: bool, additive, or causality), 2 numbers a row and head;
+1. :func:`_row_statistics` walks the key tiles once and keeps each row's maximum
+   :math:`m_h = \\max_j t_{hj}` and inverse sum :math:`1 / l_h`, :math:`l_h = \\sum_j 2^{t_{hj} - m_h}`
+   (updated online, as flash attention does), two numbers a row and head, and on request the
+   share of the row's probability on the real (unpadded) keys;
 2. :func:`_fused_probabilities` recomputes each (rows, keys) tile of scores of every head,
-   :math:`P_h = e^{s_h - m_h} / l_h`, optionally weights it by the gradient
+   :math:`P_h = 2^{t_h - m_h} / l_h`, optionally weights it by the gradient
    :math:`(P_h \\odot \\nabla O_h V_h^\\top)^+`, and fuses the heads (mean, max or min) in
-   registers: the block's fused rows are the only (rows, n) numbers written.
+   registers: the block's fused rows are the only (rows, n) numbers written;
+3. or :func:`_fused_product` multiplies row vectors by the head-mean tiles as they are made,
+   :math:`u W` with :math:`W = \\frac1H \\sum_h P_h`, so that rollout's product with a layer
+   writes no (rows, n) number at all: each program owns a tile of keys and walks the rows.
 
-:math:`q k^\\top` runs in the model's dtype with float32 accumulation (tensor cores for
-bfloat16 and float16; for float32 the IEEE product unless torch allows TF32 for matmuls, as
-sdpa does); the softmax is float32. Rows without any allowed key come out 0, as in the torch
-path. The kernels run on CPU tensors through Triton's interpreter (``TRITON_INTERPRET=1`` when
-this module is imported), which is how the tests check them against the torch path.
+:math:`q k^\\top` runs on tensor cores in the model's dtype with float32 accumulation: bfloat16
+and float16 as they are; float32 as three TF32 products (``tf32x3``, float32's accuracy, as
+sdpa's float32 kernels compute), or one when torch allows TF32 for matmuls. The softmax is
+float32. Rows without any allowed key come out 0, as in the torch path. On a GPU the tile sizes
+are timed once per kind of call (Triton's autotuner: a few seconds on a first call); on CPU
+tensors the kernels run in Triton's interpreter (``TRITON_INTERPRET=1`` when this module is
+imported) with the tiles of :data:`_TILE`, which is how the tests check them against the torch
+path.
 """
 
 from __future__ import annotations
+
+from typing import Any, Callable
 
 import torch
 import triton
@@ -31,15 +41,22 @@ import triton.language as tl
 from torch import Tensor
 
 _FUSIONS = {"mean": 0, "max": 1, "min": 2}
-# Query rows and keys of a tile (halved rows for heads larger than 64).
+# Query rows and keys of a tile in the interpreter (on CPU tensors); on a GPU they are tuned.
 _TILE = (64, 64)
 _NO_MASK, _BOOL_MASK, _ADDITIVE_MASK = 0, 1, 2
 # What the tiles multiply in the queries' own dtype; others (float64) are made float32 first.
 _TILE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# Row vectors one product kernel multiplies at once (the rows of a tl.dot: at least 16).
+MAX_VECTORS = 64
+# Programs per multiprocessor the product kernel's row chunks aim for (it has one per key tile
+# otherwise: too few to hide memory latency on a large GPU).
+_PROGRAMS_PER_SM = 4
+# Rows of a chunk come in multiples of this (the largest tile).
+_CHUNK_ROWS = 128
 
 
 @triton.jit
-def _scores(
+def _log2_scores(
     q_ptr, k_ptr, mask_ptr, b, h, h_kv, rows, keys, row_ok, n_keys,
     stride_qb, stride_qh, stride_qn, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
@@ -49,7 +66,8 @@ def _scores(
     PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """(BLOCK_M, BLOCK_N) float32 scores of head ``h`` for query positions ``rows`` and key
-    positions ``keys``; -inf where a key is not allowed or past ``n_keys``."""
+    positions ``keys`` in base-2 units (times log2(e), for exp2); -inf where a key is not allowed
+    or past ``n_keys``."""
     dims = tl.arange(0, BLOCK_D)
     q = tl.load(
         q_ptr + b * stride_qb + h * stride_qh + rows[:, None] * stride_qn + dims[None, :] * stride_qd,
@@ -61,9 +79,16 @@ def _scores(
     )
     if UPCAST:
         q, k = q.to(tl.float32), k.to(tl.float32)
-    s = tl.dot(q, k, input_precision=PRECISION, out_dtype=tl.float32) * scaling
+    s = tl.dot(q, k, input_precision=PRECISION, out_dtype=tl.float32)
     if SOFTCAP:  # c tanh(s / c), tanh through exp (the interpreter has no tanh)
+        s = s * scaling
         s = softcap * (1.0 - 2.0 / (tl.exp(2.0 * s / softcap) + 1.0))
+        if MASK != 2:
+            s = s * 1.4426950408889634
+    elif MASK != 2:
+        s = s * (scaling * 1.4426950408889634)
+    else:
+        s = s * scaling
     allowed = row_ok[:, None] & (keys[None, :] < n_keys)
     if CAUSAL:
         allowed = allowed & (keys[None, :] <= rows[:, None])
@@ -75,7 +100,10 @@ def _scores(
         if MASK == 1:
             allowed = allowed & (m != 0)
         else:
+            # Eager attention adds the dtype's minimum to masked scores, which overflows times
+            # log2(e): kept finite, a row masked whole is uniform there as in eager; -inf stays.
             s = s + m.to(tl.float32)
+            s = tl.where(s == float("-inf"), s, tl.maximum(s, -2.35865e38) * 1.4426950408889634)
     return tl.where(allowed, s, float("-inf"))
 
 
@@ -93,17 +121,19 @@ def _row_positions(rows_ptr, start, b, block, n_rows, stride_rb, BLOCK_M: tl.con
 
 @triton.jit
 def _row_statistics(
-    q_ptr, k_ptr, mask_ptr, rows_ptr, max_ptr, sum_ptr,
-    start, n_rows, n_keys, heads, groups, head_dim, scaling, softcap,
+    q_ptr, k_ptr, mask_ptr, rows_ptr, max_ptr, inv_ptr, real_ptr, real_keys_ptr,
+    start, n_rows, n_keys, heads, groups, head_dim, scaling, softcap, keys_class,
     stride_qb, stride_qh, stride_qn, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
-    stride_mb, stride_mh, stride_mq, stride_mk, stride_rb,
+    stride_mb, stride_mh, stride_mq, stride_mk, stride_rb, stride_real_b,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     MASK: tl.constexpr, CAUSAL: tl.constexpr, SOFTCAP: tl.constexpr, ROWS: tl.constexpr, PRECISION: tl.constexpr,
-    UPCAST: tl.constexpr,
+    UPCAST: tl.constexpr, REAL: tl.constexpr,
 ):
-    """Row maximum and sum of exponentials of one head's scores, rows of a BLOCK_M tile, over
-    all keys: (B, H, R) each, for grid (row tiles, B * H)."""
+    """Row maximum :math:`m` and inverse sum :math:`1 / \sum_j 2^{t_j - m}` of one head's scores,
+    rows of a BLOCK_M tile, over all keys ((B, H, R) each; 0 and 0 for a row without any allowed
+    key), and with ``REAL`` the share of each row's probability on the keys ``real_keys`` marks;
+    grid (row tiles, B * H)."""
     bh = tl.program_id(1).to(tl.int64)  # 64-bit offsets: a (B, n, n) map passes 2^31 numbers at B n^2
     b, h = bh // heads, bh % heads
     rows, row_ok = _row_positions(rows_ptr, start, b, tl.program_id(0), n_rows, stride_rb, BLOCK_M, ROWS)
@@ -112,27 +142,78 @@ def _row_statistics(
         hi = tl.minimum(n_keys, tl.max(tl.where(row_ok, rows, 0), 0) + 1)
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
+    r_i = tl.zeros((BLOCK_M,), tl.float32)
     for first in range(0, hi, BLOCK_N):
         keys = first + tl.arange(0, BLOCK_N)
-        s = _scores(
+        t = _log2_scores(
             q_ptr, k_ptr, mask_ptr, b, h, h // groups, rows, keys, row_ok, n_keys,
             stride_qb, stride_qh, stride_qn, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
             stride_mb, stride_mh, stride_mq, stride_mk, head_dim, scaling, softcap,
             BLOCK_D, MASK, CAUSAL, SOFTCAP, PRECISION, UPCAST,
         )
-        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_new = tl.maximum(m_i, tl.max(t, 1))
         shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing allowed yet
-        l_i = l_i * tl.exp(m_i - shift) + tl.sum(tl.exp(s - shift[:, None]), 1)
+        decay = tl.exp2(m_i - shift)
+        e = tl.exp2(t - shift[:, None])
+        l_i = l_i * decay + tl.sum(e, 1)
+        if REAL:
+            real = tl.load(real_keys_ptr + b * stride_real_b + keys, mask=keys < n_keys, other=0)
+            r_i = r_i * decay + tl.sum(tl.where(real[None, :] != 0, e, 0.0), 1)
         m_i = m_new
     offset = (b * heads + h) * n_rows + tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    tl.store(max_ptr + offset, m_i, mask=row_ok)
-    tl.store(sum_ptr + offset, l_i, mask=row_ok)
+    empty = l_i == 0.0
+    tl.store(max_ptr + offset, tl.where(empty, 0.0, m_i), mask=row_ok)
+    tl.store(inv_ptr + offset, tl.where(empty, 0.0, 1.0 / tl.where(empty, 1.0, l_i)), mask=row_ok)
+    if REAL:
+        tl.store(real_ptr + offset, tl.where(empty, 0.0, r_i / tl.where(empty, 1.0, l_i)), mask=row_ok)
+
+
+@triton.jit
+def _head_probabilities(
+    q_ptr, k_ptr, mask_ptr, max_ptr, inv_ptr, dout_ptr, v_ptr, b, h, rows, row_ok, keys, row_index,
+    n_rows, n_keys, heads, groups, head_dim, scaling, softcap,
+    stride_qb, stride_qh, stride_qn, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_mb, stride_mh, stride_mq, stride_mk,
+    stride_gb, stride_gh, stride_gn, stride_gd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    BLOCK_D: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr, SOFTCAP: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, GRADIENT: tl.constexpr,
+):
+    """Head ``h``'s probabilities of one tile, :math:`2^{t - m} / l` (``row_index``: the rows'
+    places in the statistics), gradient-weighted :math:`(P \\odot \\nabla O V^\\top)^+`
+    with ``GRADIENT``."""
+    t = _log2_scores(
+        q_ptr, k_ptr, mask_ptr, b, h, h // groups, rows, keys, row_ok, n_keys,
+        stride_qb, stride_qh, stride_qn, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
+        stride_mb, stride_mh, stride_mq, stride_mk, head_dim, scaling, softcap,
+        BLOCK_D, MASK, CAUSAL, SOFTCAP, PRECISION, UPCAST,
+    )
+    offset = (b * heads + h) * n_rows + row_index
+    m = tl.load(max_ptr + offset, mask=row_ok, other=0.0)
+    inverse = tl.load(inv_ptr + offset, mask=row_ok, other=0.0)
+    p = tl.exp2(t - m[:, None]) * inverse[:, None]  # 0 where t = -inf, and in rows without any key
+    if GRADIENT:  # (P_h * dO_h V_h^T)^+
+        dims = tl.arange(0, BLOCK_D)
+        g = tl.load(
+            dout_ptr + b * stride_gb + h * stride_gh + rows[:, None] * stride_gn + dims[None, :] * stride_gd,
+            mask=row_ok[:, None] & (dims[None, :] < head_dim), other=0.0,
+        )
+        v = tl.load(
+            v_ptr + b * stride_vb + (h // groups) * stride_vh + keys[None, :] * stride_vn + dims[:, None] * stride_vd,
+            mask=(keys[None, :] < n_keys) & (dims[:, None] < head_dim), other=0.0,
+        )
+        g = g.to(v.dtype)
+        if UPCAST:
+            g, v = g.to(tl.float32), v.to(tl.float32)
+        p = tl.maximum(p * tl.dot(g, v, input_precision=PRECISION, out_dtype=tl.float32), 0.0)
+    return p
 
 
 @triton.jit
 def _fused_probabilities(
-    q_ptr, k_ptr, mask_ptr, rows_ptr, max_ptr, sum_ptr, out_ptr, dout_ptr, v_ptr,
-    start, n_rows, n_keys, heads, groups, head_dim, scaling, softcap,
+    q_ptr, k_ptr, mask_ptr, rows_ptr, max_ptr, inv_ptr, out_ptr, dout_ptr, v_ptr,
+    start, n_rows, n_keys, heads, groups, head_dim, scaling, softcap, keys_class,
     stride_qb, stride_qh, stride_qn, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_mb, stride_mh, stride_mq, stride_mk, stride_rb,
@@ -151,6 +232,7 @@ def _fused_probabilities(
     # and stream the keys: rows fastest would read every query tile from memory once per key tile.
     key_tile, row_tile = tl.program_id(0), tl.program_id(1)
     rows, row_ok = _row_positions(rows_ptr, start, b, row_tile, n_rows, stride_rb, BLOCK_M, ROWS)
+    row_index = row_tile.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # the rows' places in the statistics and ``out``
     keys = key_tile * BLOCK_N + tl.arange(0, BLOCK_N)
     if FUSION == 2:
         fused = tl.full((BLOCK_M, BLOCK_N), float("inf"), tl.float32)
@@ -160,34 +242,15 @@ def _fused_probabilities(
     if CAUSAL:  # a tile wholly after the rows' positions is 0 for every head
         seen = key_tile * BLOCK_N <= tl.max(tl.where(row_ok, rows, 0), 0)
     if seen:
-        dims = tl.arange(0, BLOCK_D)
         for h in range(0, heads):
-            s = _scores(
-                q_ptr, k_ptr, mask_ptr, b, h, h // groups, rows, keys, row_ok, n_keys,
+            p = _head_probabilities(
+                q_ptr, k_ptr, mask_ptr, max_ptr, inv_ptr, dout_ptr, v_ptr, b, h, rows, row_ok, keys, row_index,
+                n_rows, n_keys, heads, groups, head_dim, scaling, softcap,
                 stride_qb, stride_qh, stride_qn, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
-                stride_mb, stride_mh, stride_mq, stride_mk, head_dim, scaling, softcap,
-                BLOCK_D, MASK, CAUSAL, SOFTCAP, PRECISION, UPCAST,
+                stride_mb, stride_mh, stride_mq, stride_mk, stride_gb, stride_gh, stride_gn, stride_gd,
+                stride_vb, stride_vh, stride_vn, stride_vd,
+                BLOCK_D, MASK, CAUSAL, SOFTCAP, PRECISION, UPCAST, GRADIENT,
             )
-            offset = (b * heads + h) * n_rows + row_tile * BLOCK_M + tl.arange(0, BLOCK_M)
-            m_i = tl.load(max_ptr + offset, mask=row_ok, other=0.0)
-            l_i = tl.load(sum_ptr + offset, mask=row_ok, other=0.0)
-            shift = tl.where(m_i == float("-inf"), 0.0, m_i)
-            # a row without any allowed key (l = 0) is 0
-            p = tl.exp(s - shift[:, None]) / tl.where(l_i > 0, l_i, 1.0)[:, None]
-            if GRADIENT:  # (P_h * dO_h V_h^T)^+
-                g = tl.load(
-                    dout_ptr + b * stride_gb + h * stride_gh + rows[:, None] * stride_gn + dims[None, :] * stride_gd,
-                    mask=row_ok[:, None] & (dims[None, :] < head_dim), other=0.0,
-                )
-                v = tl.load(
-                    v_ptr + b * stride_vb + (h // groups) * stride_vh + keys[None, :] * stride_vn
-                    + dims[:, None] * stride_vd,
-                    mask=(keys[None, :] < n_keys) & (dims[:, None] < head_dim), other=0.0,
-                )
-                g = g.to(v.dtype)
-                if UPCAST:
-                    g, v = g.to(tl.float32), v.to(tl.float32)
-                p = tl.maximum(p * tl.dot(g, v, input_precision=PRECISION, out_dtype=tl.float32), 0.0)
             if FUSION == 0:
                 fused += p
             elif FUSION == 1:
@@ -195,18 +258,182 @@ def _fused_probabilities(
             else:
                 fused = tl.minimum(fused, p)
         if FUSION == 0:
-            fused = fused / heads
+            fused = fused * (1.0 / heads)
     else:
         fused = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    index = row_tile.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # the rows' places in ``out``
     tl.store(
-        out_ptr + b * stride_ob + index[:, None] * stride_or + keys[None, :] * stride_ok,
+        out_ptr + b * stride_ob + row_index[:, None] * stride_or + keys[None, :] * stride_ok,
         fused, mask=row_ok[:, None] & (keys[None, :] < n_keys),
     )
 
 
+@triton.jit
+def _fused_product(
+    q_ptr, k_ptr, mask_ptr, max_ptr, inv_ptr, u_ptr, part_ptr, dout_ptr, v_ptr,
+    n_rows, n_keys, heads, groups, head_dim, scaling, softcap, keys_class, n_vectors, chunk_rows,
+    stride_qb, stride_qh, stride_qn, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_mb, stride_mh, stride_mq, stride_mk,
+    stride_ub, stride_uc, stride_un,
+    stride_pk, stride_pb, stride_pc, stride_pn,
+    stride_gb, stride_gh, stride_gn, stride_gd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr,
+    MASK: tl.constexpr, CAUSAL: tl.constexpr, SOFTCAP: tl.constexpr, PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr, GRADIENT: tl.constexpr, PRODUCT_PRECISION: tl.constexpr,
+):
+    """Row vectors ``u`` (B, C, R) times the head-mean probabilities of rows
+    ``chunk * chunk_rows ...`` (a chunk of the R rows), over one tile of BLOCK_N keys: the
+    chunk's partial product (C, BLOCK_N), written to ``part[chunk, b]``; grid (key tiles,
+    chunks, B). The probability tiles stay in registers."""
+    key_tile, chunk, b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    keys = key_tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    vectors = tl.arange(0, BLOCK_C)
+    first_row = chunk * chunk_rows
+    last_row = tl.minimum(n_rows, first_row + chunk_rows)
+    if CAUSAL:  # rows before the tile's first key see none of it
+        first_row = tl.maximum(first_row, (key_tile * BLOCK_N) // BLOCK_M * BLOCK_M)
+    product = tl.zeros((BLOCK_C, BLOCK_N), tl.float32)
+    for row_start in range(first_row, last_row, BLOCK_M):
+        rows = row_start + tl.arange(0, BLOCK_M)
+        row_ok = rows < last_row
+        fused = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        for h in range(0, heads):
+            fused += _head_probabilities(
+                q_ptr, k_ptr, mask_ptr, max_ptr, inv_ptr, dout_ptr, v_ptr, b, h, rows, row_ok, keys, rows.to(tl.int64),
+                n_rows, n_keys, heads, groups, head_dim, scaling, softcap,
+                stride_qb, stride_qh, stride_qn, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
+                stride_mb, stride_mh, stride_mq, stride_mk, stride_gb, stride_gh, stride_gn, stride_gd,
+                stride_vb, stride_vh, stride_vn, stride_vd,
+                BLOCK_D, MASK, CAUSAL, SOFTCAP, PRECISION, UPCAST, GRADIENT,
+            )
+        u = tl.load(
+            u_ptr + b * stride_ub + vectors[:, None] * stride_uc + rows[None, :] * stride_un,
+            mask=(vectors[:, None] < n_vectors) & row_ok[None, :], other=0.0,
+        )
+        product += tl.dot(u, fused, input_precision=PRODUCT_PRECISION, out_dtype=tl.float32)
+    product = product * (1.0 / heads)
+    tl.store(
+        part_ptr + chunk * stride_pk + b * stride_pb + vectors[:, None] * stride_pc + keys[None, :] * stride_pn,
+        product, mask=(vectors[:, None] < n_vectors) & (keys[None, :] < n_keys),
+    )
+
+
+def _configs(tiles: tuple[tuple[int, int, int, int], ...]) -> list[triton.Config]:
+    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in tiles]
+
+
+def _fitting(configs: list[triton.Config], named_args: dict[str, Any], **kwargs: Any) -> list[triton.Config]:
+    """The configs whose query tile fits beside the others on chip: at most 64 rows for heads
+    larger than 64 (Gemma's 256)."""
+    fitting = [c for c in configs if c.kwargs["BLOCK_M"] * kwargs["BLOCK_D"] <= 128 * 64]
+    return fitting or configs[:1]
+
+
+def _bench(kernel_call: Callable[[], Any], quantiles: Any) -> Any:
+    """Time a config briefly: each kind of call is tuned once, and its first call waits for it."""
+    return triton.testing.do_bench(kernel_call, warmup=5, rep=20, quantiles=quantiles)
+
+
+# Timed on a GPU once per kind of call (these arguments and the tensors' dtypes), each kernel
+# with the configs its loop structure suits: flash attention's shapes for the statistics, square
+# tiles for the fused ones (every head is walked per tile).
+_KEY = ["heads", "BLOCK_D", "keys_class", "MASK", "CAUSAL", "SOFTCAP", "GRADIENT"]
+_TUNED = {
+    _row_statistics: triton.autotune(
+        _configs(((64, 64, 4, 2), (128, 64, 4, 2), (128, 64, 8, 3), (128, 128, 8, 2), (64, 128, 4, 3))),
+        key=[k for k in _KEY if k != "GRADIENT"] + ["ROWS", "REAL"], prune_configs_by={"early_config_prune": _fitting},
+        do_bench=_bench,
+    )(_row_statistics),
+    _fused_probabilities: triton.autotune(
+        _configs(((64, 64, 4, 2), (128, 64, 8, 2), (64, 128, 8, 2), (128, 128, 8, 2), (64, 64, 4, 3), (128, 64, 4, 3))),
+        key=[*_KEY, "FUSION", "ROWS"], prune_configs_by={"early_config_prune": _fitting}, do_bench=_bench,
+    )(_fused_probabilities),
+    _fused_product: triton.autotune(
+        _configs(((64, 64, 4, 2), (128, 64, 8, 2), (64, 128, 8, 2), (128, 128, 8, 2), (64, 64, 4, 3))),
+        key=[*_KEY, "BLOCK_C"], prune_configs_by={"early_config_prune": _fitting}, do_bench=_bench,
+    )(_fused_product),
+}
+
+
+def _launch(kernel: triton.JITFunction, device: torch.device, grid: Callable[[dict], tuple], *args: Any, **kwargs: Any) -> None:
+    """``kernel`` on ``device``: its tuned twin on a GPU; the tiles of :data:`_TILE` in the
+    interpreter (CPU tensors), halved rows for heads larger than 64."""
+    if device.type != "cpu":
+        _TUNED[kernel][grid](*args, **kwargs)
+        return
+    block_m, block_n = _TILE if kwargs["BLOCK_D"] <= 64 else (_TILE[0] // 2, _TILE[1])
+    tiles = {"BLOCK_M": block_m, "BLOCK_N": block_n}
+    kernel[grid(tiles)](*args, **kwargs, **tiles)
+
+
 def _strides(tensor: Tensor | None, dims: int) -> tuple[int, ...]:
     return (0,) * dims if tensor is None else tuple(tensor.stride())
+
+
+class _Call:
+    """What the three kernels share of one attention call: its tensors, arguments, strides and
+    flags, as the kernels take them."""
+
+    def __init__(
+        self, query: Tensor, key: Tensor, mask: Tensor | None, scaling: float, causal: bool,
+        gradient: tuple[Tensor, Tensor] | None, softcap: float | None,
+    ) -> None:
+        if query.dtype not in _TILE_DTYPES:  # float64: computed in float32, as the torch path computes it
+            query, key = query.float(), key.float()
+            gradient = None if gradient is None else (gradient[0].float(), gradient[1].float())
+        batch, heads, n, head_dim = query.shape
+        kind = _NO_MASK if mask is None else _BOOL_MASK if mask.dtype == torch.bool else _ADDITIVE_MASK
+        if mask is not None:
+            mask = mask.expand(batch, mask.shape[1], n, mask.shape[-1])
+            if mask.shape[1] == 1:
+                mask = mask.expand(batch, heads, n, mask.shape[-1])
+        self.query, self.key, self.batch, self.heads = query, key, batch, heads
+        self.mask = query if mask is None else mask  # an unread pointer where there is no mask
+        self.gradient = gradient if gradient is not None else (query, key)  # unread without GRADIENT
+        self.device = query.device
+        self.weighted = gradient is not None
+        block_d = max(16, triton.next_power_of_2(head_dim))
+        # float32 queries: three TF32 products (float32's accuracy), one where torch allows TF32
+        precision = "tf32" if query.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32 else "tf32x3"
+        self.common = dict(
+            heads=heads, groups=heads // key.shape[1], head_dim=head_dim, scaling=float(scaling),
+            softcap=float(softcap or 1.0), keys_class=min(8, max(0, key.shape[2].bit_length() - 8)),
+        )
+        self.strides = dict(zip(
+            ("stride_qb", "stride_qh", "stride_qn", "stride_qd", "stride_kb", "stride_kh", "stride_kn", "stride_kd",
+             "stride_mb", "stride_mh", "stride_mq", "stride_mk"),
+            (*query.stride(), *key.stride(), *_strides(mask, 4)), strict=True,
+        ))
+        self.gradient_strides = dict(zip(
+            ("stride_gb", "stride_gh", "stride_gn", "stride_gd", "stride_vb", "stride_vh", "stride_vn", "stride_vd"),
+            (*self.gradient[0].stride(), *self.gradient[1].stride()), strict=True,
+        ))
+        self.flags = dict(
+            BLOCK_D=block_d, MASK=kind, CAUSAL=causal, SOFTCAP=softcap is not None,
+            PRECISION="ieee" if query.device.type == "cpu" else precision,
+            # Triton's interpreter (CPU tensors) multiplies bfloat16 tiles wrongly: there the tiles are
+            # made float32 first, which gives the same products (those of two bfloat16 numbers are exact).
+            UPCAST=query.device.type == "cpu",
+        )
+
+    def statistics(
+        self, count: int, width: int, start: int = 0, rows: Tensor | None = None, real_keys: Tensor | None = None
+    ) -> tuple[Tensor, Tensor | None]:
+        """Each head's row maximum and inverse sum of ``count`` rows (``start ...`` or ``rows``)
+        over the first ``width`` keys, (2, B, H, count) float32, and with ``real_keys``
+        (B, width) the share of each row's probability on those keys (B, H, count), else None."""
+        statistics = torch.empty(2, self.batch, self.heads, count, dtype=torch.float32, device=self.device)
+        real = torch.empty_like(statistics[0]) if real_keys is not None else None
+        _launch(
+            _row_statistics, self.device, lambda meta: (triton.cdiv(count, meta["BLOCK_M"]), self.batch * self.heads),
+            self.query, self.key, self.mask, self.query if rows is None else rows, *statistics,
+            self.query if real is None else real, self.query if real_keys is None else real_keys,
+            start=start, n_rows=count, n_keys=width, **self.common, **self.strides,
+            stride_rb=0 if rows is None else rows.stride(0), stride_real_b=0 if real_keys is None else real_keys.stride(0),
+            **self.flags, ROWS=rows is not None, REAL=real_keys is not None,
+        )
+        return statistics, real
 
 
 def fused_probabilities(
@@ -242,57 +469,78 @@ def fused_probabilities(
     Returns:
         Tensor: ``out``.
     """
-    if query.dtype not in _TILE_DTYPES:  # float64: computed in float32, as the torch path computes it
-        query, key = query.float(), key.float()
-        gradient = None if gradient is None else (gradient[0].float(), gradient[1].float())
-    batch, heads, n, head_dim = query.shape
+    call = _Call(query, key, mask, scaling, causal, gradient, softcap)
     count, width = out.shape[1], out.shape[2]
-    block_d = max(16, triton.next_power_of_2(head_dim))
-    block_m, block_n = _TILE if block_d <= 64 else (_TILE[0] // 2, _TILE[1])  # rows, keys: on chip with d
-    kind = _NO_MASK if mask is None else _BOOL_MASK if mask.dtype == torch.bool else _ADDITIVE_MASK
-    if mask is not None:
-        mask = mask.expand(batch, mask.shape[1], n, mask.shape[-1])
-        if mask.shape[1] == 1:
-            mask = mask.expand(batch, heads, n, mask.shape[-1])
-    precision = "tf32" if query.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32 else "ieee"
-    row_max = torch.empty(batch, heads, count, dtype=torch.float32, device=query.device)
-    row_sum = torch.empty_like(row_max)
-    common = dict(
-        start=start, n_rows=count, n_keys=width, heads=heads, groups=heads // key.shape[1], head_dim=head_dim,
-        scaling=float(scaling), softcap=float(softcap or 1.0),
-    )
-    strides = (*query.stride(), *key.stride(), *_strides(mask, 4), 0 if rows is None else rows.stride(0))
-    flags = dict(
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, MASK=kind, CAUSAL=causal,
-        SOFTCAP=softcap is not None, ROWS=rows is not None, PRECISION=precision,
-        # Triton's interpreter (CPU tensors) multiplies bfloat16 tiles wrongly: there the tiles are
-        # made float32 first, which gives the same products (those of two bfloat16 numbers are exact).
-        UPCAST=query.device.type == "cpu",
-    )
-    mask_arg = query if mask is None else mask  # an unread pointer where there is no mask
-    rows_arg = query if rows is None else rows
-    row_tiles = triton.cdiv(count, block_m)
-    _row_statistics[(row_tiles, batch * heads)](
-        query, key, mask_arg, rows_arg, row_max, row_sum, **common, **_named(strides, _STAT_STRIDES), **flags
-    )
-    grad_output, value = gradient if gradient is not None else (query, key)
-    _fused_probabilities[(triton.cdiv(width, block_n), row_tiles, batch)](
-        query, key, mask_arg, rows_arg, row_max, row_sum, out, grad_output, value, **common,
-        **_named(strides, _STAT_STRIDES), **_named((*out.stride(), *grad_output.stride(), *value.stride()), _OUT_STRIDES),
-        **flags, FUSION=_FUSIONS[head_fusion], GRADIENT=gradient is not None,
+    statistics, _ = call.statistics(count, width, start, rows)
+    _launch(
+        _fused_probabilities, call.device,
+        lambda meta: (triton.cdiv(width, meta["BLOCK_N"]), triton.cdiv(count, meta["BLOCK_M"]), call.batch),
+        call.query, call.key, call.mask, call.query if rows is None else rows, *statistics, out, *call.gradient,
+        start=start, n_rows=count, n_keys=width, **call.common, **call.strides,
+        stride_rb=0 if rows is None else rows.stride(0),
+        **dict(zip(("stride_ob", "stride_or", "stride_ok"), out.stride(), strict=True)), **call.gradient_strides,
+        **call.flags, ROWS=rows is not None, FUSION=_FUSIONS[head_fusion], GRADIENT=gradient is not None,
     )
     return out
 
 
-_STAT_STRIDES = (
-    "stride_qb", "stride_qh", "stride_qn", "stride_qd", "stride_kb", "stride_kh", "stride_kn", "stride_kd",
-    "stride_mb", "stride_mh", "stride_mq", "stride_mk", "stride_rb",
-)
-_OUT_STRIDES = (
-    "stride_ob", "stride_or", "stride_ok", "stride_gb", "stride_gh", "stride_gn", "stride_gd",
-    "stride_vb", "stride_vh", "stride_vn", "stride_vd",
-)
+class RowProduct:
+    """One attention call's head-mean probabilities :math:`W` (rows 0..R over the first w keys,
+    optionally gradient-weighted) ready to multiply row vectors, never written out: the row
+    statistics are computed once (:func:`row_product`), each product walks the tiles again.
+
+    Attributes:
+        real_sums: (B, R) :math:`\\sum_{j \\text{ real}} W_{ij}`, the head-mean probability on the
+            keys ``real_keys`` marked (gradient weighting: None).
+    """
+
+    def __init__(self, call: _Call, count: int, width: int, real_keys: Tensor | None) -> None:
+        self._call, self._count, self._width = call, count, width
+        self._statistics, real = call.statistics(count, width, real_keys=real_keys)
+        self.real_sums = None if real is None else real.mean(1)
+
+    def __call__(self, vectors: Tensor) -> Tensor:
+        """``vectors`` (B, C, R) float32 times :math:`W`: (B, C, w) float32, C <= :data:`MAX_VECTORS`."""
+        call, count, width = self._call, self._count, self._width
+        batch, n_vectors = vectors.shape[0], vectors.shape[1]
+        if n_vectors > MAX_VECTORS:
+            raise ValueError(f"at most {MAX_VECTORS} row vectors at once, got {n_vectors}")
+        block_c = max(16, triton.next_power_of_2(n_vectors))
+        # Enough programs to fill the device (one per key tile is too few): the rows in chunks of
+        # whole tiles, whose partial products are summed after.
+        units = 1 if call.device.type == "cpu" else torch.cuda.get_device_properties(call.device).multi_processor_count
+        wanted = triton.cdiv(_PROGRAMS_PER_SM * units, triton.cdiv(width, _CHUNK_ROWS) * batch)
+        chunk_rows = triton.cdiv(triton.cdiv(count, max(1, wanted)), _CHUNK_ROWS) * _CHUNK_ROWS
+        chunks = triton.cdiv(count, chunk_rows)
+        parts = torch.empty(chunks, batch, n_vectors, width, dtype=torch.float32, device=call.device)
+        _launch(
+            _fused_product, call.device, lambda meta: (triton.cdiv(width, meta["BLOCK_N"]), chunks, batch),
+            call.query, call.key, call.mask, *self._statistics, vectors, parts, *call.gradient,
+            n_rows=count, n_keys=width, **call.common, n_vectors=n_vectors, chunk_rows=chunk_rows, **call.strides,
+            **dict(zip(("stride_ub", "stride_uc", "stride_un"), vectors.stride(), strict=True)),
+            **dict(zip(("stride_pk", "stride_pb", "stride_pc", "stride_pn"), parts.stride(), strict=True)),
+            **call.gradient_strides, **call.flags, BLOCK_C=block_c, GRADIENT=call.weighted,
+            # float32 vectors by float32 probabilities: three TF32 products (float32's accuracy)
+            PRODUCT_PRECISION="ieee" if call.device.type == "cpu" else "tf32x3",
+        )
+        return parts[0] if chunks == 1 else parts.sum(0)
 
 
-def _named(values: tuple[int, ...], names: tuple[str, ...]) -> dict[str, int]:
-    return dict(zip(names, values, strict=True))
+def row_product(
+    query: Tensor,
+    key: Tensor,
+    mask: Tensor | None,
+    scaling: float,
+    causal: bool,
+    count: int,
+    real_keys: Tensor | None = None,
+    gradient: tuple[Tensor, Tensor] | None = None,
+    softcap: float | None = None,
+) -> RowProduct:
+    """The :class:`RowProduct` of the first ``count`` query rows over all keys; arguments as
+    in :func:`fused_probabilities` (heads fused by their mean). ``real_keys``: (B, n_k) bool,
+    the keys whose probability :attr:`RowProduct.real_sums` adds up (not with ``gradient``)."""
+    call = _Call(query, key, mask, scaling, causal, gradient, softcap)
+    if real_keys is not None:
+        real_keys = real_keys.to(torch.int8)
+    return RowProduct(call, count, key.shape[2], real_keys)
