@@ -54,6 +54,9 @@ def source(kernel, args: tuple, kwargs: dict) -> tuple[dict, dict]:
             signature[param.name] = "i32" if -(2**31) <= value < 2**31 else "i64"
     if "UPCAST" in constexprs:
         constexprs["UPCAST"] = False  # as on CUDA
+    for name in ("PRECISION", "PRODUCT_PRECISION"):
+        if constexprs.get(name) == "ieee":  # the interpreter's; CUDA's (torch's default: no TF32 for matmuls)
+            constexprs[name] = "tf32x3"
     return signature, constexprs
 
 
@@ -79,6 +82,11 @@ def lean_launches(everything: bool) -> None:
         out = torch.empty(batch, 3 if rows else n, n)
         mask_tensor = masks[mask] if masks[mask] is None or dtype == torch.float32 or mask == "bool" else masks[mask].to(dtype)
         lean_triton.fused_probabilities(query, key, mask_tensor, 0.125, causal, fusion, out, **options)
+        if fusion == "mean" and not rows:  # rollout's row product, with the probability on the real keys
+            options.pop("rows", None)
+            real = None if gradient else allowed
+            product = lean_triton.row_product(query, key, mask_tensor, 0.125, causal, n, real, **options)
+            product(torch.zeros(batch, 3, n))
 
 
 def decomposition_launches() -> None:
@@ -95,7 +103,7 @@ def main() -> None:
     parser.add_argument("--all", action="store_true", help="every combination of the flags (slow)")
     everything = parser.parse_args().all
     recorders = {
-        (lean_triton, "_row_statistics"), (lean_triton, "_fused_probabilities"),
+        (lean_triton, "_row_statistics"), (lean_triton, "_fused_probabilities"), (lean_triton, "_fused_product"),
         (decomposition_triton, "_token_distances"),
     }
     recorded = []
@@ -107,14 +115,21 @@ def main() -> None:
     decomposition_launches()
     compiled = set()
     for recorder in recorded:
-        for args, kwargs in recorder.launches:
-            signature, constexprs = source(recorder.kernel, args, kwargs)
-            key = (recorder.kernel.fn.__name__, tuple(signature.items()), tuple(sorted(constexprs.items())))
-            if key in compiled:
-                continue
-            triton.compile(ASTSource(fn=recorder.kernel, signature=signature, constexprs=constexprs), target=H100)
-            compiled.add(key)
-            print(recorder.kernel.fn.__name__, dict(sorted(constexprs.items())), flush=True)
+        for launch, (args, kwargs) in enumerate(recorder.launches):
+            # the interpreter's tiles; on the GPU's first launch of a kernel, every config it is tuned over
+            tuned = lean_triton._TUNED.get(recorder.kernel)
+            configs = [None] if tuned is None or launch > 0 else [None, *tuned.configs]
+            for config in configs:
+                options = {} if config is None else {"num_warps": config.num_warps, "num_stages": config.num_stages}
+                signature, constexprs = source(recorder.kernel, args, kwargs | ({} if config is None else config.kwargs))
+                key = (recorder.kernel.fn.__name__, tuple(signature.items()), tuple(sorted(constexprs.items())),
+                       tuple(options.items()))
+                if key in compiled:
+                    continue
+                source_code = ASTSource(fn=recorder.kernel, signature=signature, constexprs=constexprs)
+                triton.compile(source_code, target=H100, options=options)
+                compiled.add(key)
+                print(recorder.kernel.fn.__name__, dict(sorted(constexprs.items())), options, flush=True)
     print(f"compiled {len(compiled)}")
 
 

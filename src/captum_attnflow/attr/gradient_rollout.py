@@ -218,10 +218,11 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
                 streams = [
                     lambda needed, i=i: capture.weighted_blocks(i, gradients[i], needed) for i in below
                 ]
-                if layer is None:
-                    rows.append(streamed_relevance_maps_rows(streams, run_sources[:, part], run_mask))
-                else:
-                    rows.append(streamed_relevance_rows(streams, run_sources[:, part], run_mask))
+                products = [
+                    lambda needed, i=i: capture.weighted_product(i, gradients[i], needed) for i in below
+                ]
+                walk = streamed_relevance_maps_rows if layer is None else streamed_relevance_rows
+                rows.append(walk(streams, run_sources[:, part], run_mask, products))
                 bar.update()
         result = torch.cat(rows, -2)
         if capture.order is not None:  # columns from the run's token order back to the inputs'

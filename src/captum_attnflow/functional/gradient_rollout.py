@@ -167,9 +167,14 @@ def co_attention_relevance(
 
 
 BlockStream = Callable[[int], Iterable[tuple[int, int, Tensor]]]
+# ``product(rows)``: a layer's :math:`\bar A` as a function of row vectors, u -> u \bar A, for
+# its first ``rows`` rows, or None where its blocks serve.
+ProductStream = Callable[[int], Callable[[Tensor], Tensor] | None]
 
 
-def streamed_relevance_rows(layers: Sequence[BlockStream], sources: Tensor, attention_mask: Tensor) -> Tensor:
+def streamed_relevance_rows(
+    layers: Sequence[BlockStream], sources: Tensor, attention_mask: Tensor, products: Sequence[ProductStream] | None = None
+) -> Tensor:
     """Rows ``sources`` (B, S) of :math:`R_l` (:func:`relevance_maps`) after the top layer of
     ``layers``, without any (B, n, n) matrix: (B, S, n) float32.
 
@@ -177,12 +182,15 @@ def streamed_relevance_rows(layers: Sequence[BlockStream], sources: Tensor, atte
     (:math:`R_l = (I + \\bar A_l) \\cdots (I + \\bar A_1)`), each :math:`\\bar A_k` given as a
     stream of row blocks: ``layers[k](rows)`` yields ``(start, stop, block)``, ``block``
     (B, stop - start, w) the rows start..stop over the first w keys, for the first ``rows``
-    rows at least (the rows past the last non-zero entry of r are not needed).
+    rows at least (the rows past the last non-zero entry of r are not needed); or, where
+    ``products[k](rows)`` gives one, as a function multiplying row vectors (B, c, rows) by
+    those rows of :math:`\\bar A_k`, (B, c, n).
 
     Args:
         layers: one block stream per layer, bottom first.
         sources: (B, S) explained positions.
         attention_mask: (B, n) bool, True on real tokens; padding rows and columns are 0.
+        products: one product stream per layer, bottom first, or None.
 
     Example::
 
@@ -195,40 +203,49 @@ def streamed_relevance_rows(layers: Sequence[BlockStream], sources: Tensor, atte
         >>> torch.allclose(rows, relevance_maps(attentions, gradients)[-1][:, [0, 2]])
         True
     """
+    return _rolled_down(layers, sources, attention_mask, products, every_layer=False)
+
+
+def streamed_relevance_maps_rows(
+    layers: Sequence[BlockStream], sources: Tensor, attention_mask: Tensor, products: Sequence[ProductStream] | None = None
+) -> Tensor:
+    """Rows ``sources`` (B, S) of :math:`R_l` after every layer l of ``layers`` (block and
+    product streams as in :func:`streamed_relevance_rows`): (L, B, S, n) float32.
+
+    One walk down the layers: at layer k the rows of every :math:`R_l`, l >= k, are multiplied
+    at once (those of :math:`R_k` start there as the sources' unit rows), so each layer is
+    recomputed once and no (B, n, n) matrix is made."""
+    return _rolled_down(layers, sources, attention_mask, products, every_layer=True)
+
+
+def _rolled_down(
+    layers: Sequence[BlockStream], sources: Tensor, attention_mask: Tensor, products: Sequence[ProductStream] | None,
+    every_layer: bool,
+) -> Tensor:
+    """The top-down walk of :func:`streamed_relevance_rows` (``every_layer``: of
+    :func:`streamed_relevance_maps_rows`, (L, B, S, n))."""
     batch, n = attention_mask.shape
     mask = attention_mask.float()
-    rows = torch.zeros(batch, sources.shape[1], n, device=mask.device)
-    rows.scatter_(2, sources[..., None], 1.0)
-    for blocks in reversed(layers):
-        product = torch.zeros_like(rows)
-        needed = int(rows.abs().amax((0, 1)).nonzero().max()) + 1
-        for start, stop, block in blocks(needed):
-            if start >= needed:
-                break
-            width = block.shape[-1]
-            product[..., :width].baddbmm_(rows[..., start:stop] * mask[:, None, start:stop], block)
+    units = torch.zeros(batch, sources.shape[1], n, device=mask.device)
+    units.scatter_(2, sources[..., None], 1.0)
+    rows = units[:, :0]
+    for k in reversed(range(len(layers))):
+        if every_layer or k == len(layers) - 1:  # R_k's rows start here, before those of the layers above
+            rows = torch.cat([units, rows], 1)
+        kept = rows * mask[:, None, :]
+        needed = int(kept.abs().amax((0, 1)).nonzero().max()) + 1
+        product_of = None if products is None else products[k](needed)
+        if product_of is not None:
+            product = product_of(kept[..., :needed].contiguous())
+        else:
+            product = torch.zeros_like(rows)
+            for start, stop, block in layers[k](needed):
+                if start >= needed:
+                    break
+                product[..., : block.shape[-1]].baddbmm_(kept[..., start:stop], block)
         rows = rows + product * mask[:, None, :]
-    return rows * mask[:, None, :]
-
-
-def streamed_relevance_maps_rows(layers: Sequence[BlockStream], sources: Tensor, attention_mask: Tensor) -> Tensor:
-    """Rows ``sources`` (B, S) of :math:`R_l` after every layer l of ``layers`` (block streams as
-    in :func:`streamed_relevance_rows`): (L, B, S, n) float32. The relevance is built bottom-up,
-    :math:`R_l = R_{l-1} + \\bar A_l R_{l-1}` block by block, holding two (B, n, n) matrices."""
-    batch, n = attention_mask.shape
-    mask = attention_mask.float()
-    relevance = torch.eye(n, device=mask.device).expand(batch, n, n).clone()
-    picked = torch.arange(batch, device=mask.device)[:, None]
-    out = []
-    for blocks in layers:
-        updated = relevance.clone()
-        for start, stop, block in blocks(n):
-            width = block.shape[-1]
-            kept = block * (mask[:, start:stop, None] * mask[:, None, :width])
-            updated[:, start:stop].baddbmm_(kept, relevance[:, :width])
-        relevance = updated
-        out.append(relevance[picked, sources] * mask[:, None, :])
-    return torch.stack(out)
+    rows = rows * mask[:, None, :]
+    return rows.view(batch, len(layers), -1, n).transpose(0, 1) if every_layer else rows
 
 
 def _weighted(attentions: Attentions, gradients: Attentions, square: bool = True) -> list[Tensor]:

@@ -15,7 +15,7 @@ positions of layer :math:`l - 1`.
 from __future__ import annotations
 
 import threading
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 from torch import Tensor
@@ -79,6 +79,7 @@ class AttentionGraph:
         self._stream: Callable[[int, Tensor | None], Tensor] | None = None
         self._stream_rows: Callable[[int, Tensor], Tensor] | None = None
         self._stream_blocks: Callable[[int], Iterable[tuple[int, int, Tensor]]] | None = None
+        self._stream_product: Callable[[int, Tensor, int], Any] | None = None
         self._order: Tensor | None = None
         self._back: Tensor | None = None
         self._building = threading.Lock()
@@ -100,6 +101,7 @@ class AttentionGraph:
         fused_rows: Callable[[int, Tensor], Tensor] | None = None,
         fused_blocks: Callable[[int], Iterable[tuple[int, int, Tensor]]] | None = None,
         order: Tensor | None = None,
+        fused_product: Callable[[int, Tensor, int], Any] | None = None,
     ) -> "AttentionGraph":
         """A graph whose layers are computed when asked for: ``fused_layer(l, out)`` gives the
         head-fused attention probabilities (B, n, n) of layer l (0-based), written into ``out``
@@ -110,7 +112,10 @@ class AttentionGraph:
         ``fused_blocks(l)``, if given, yields the matrix by blocks of rows, ``(start, stop,
         block)`` with ``block`` (B, stop - start, w) the rows start..stop over the first w
         columns (the others 0), each valid until the next; :meth:`propagate` then never holds
-        the whole layer.
+        the whole layer. ``fused_product(l, real, c)``, if given, gives that matrix :math:`W` as
+        a function of ``c`` row vectors, ``product(u)`` = u W for u (B, c, n), with
+        ``product.real_sums`` (B, n) its row sums over the columns ``real`` (B, n) marks, or None
+        where the blocks serve better; :meth:`propagate` then never writes a block either.
 
         ``order`` (B, n): the three functions give their matrices in another token order, that of
         a run whose k-th token of example b was token ``order[b, k]`` (a left-padded batch run
@@ -135,6 +140,7 @@ class AttentionGraph:
         graph._stream = fused_layer
         graph._stream_rows = fused_rows
         graph._stream_blocks = fused_blocks
+        graph._stream_product = fused_product
         if order is not None:
             graph._order = order.to(device)
             graph._back = graph._order.argsort(dim=-1)  # the place in the run of each of the graph's tokens
@@ -245,12 +251,15 @@ class AttentionGraph:
         if blocks is None or self._weights is not None:
             return torch.bmm(rows, self.layer(index, out=layer))
         order = self._order
-        if order is None:
-            return _blockwise_product(blocks(index), rows, self.mask, self.residual_alpha)
         # The blocks are in the run's order: the rows go there and come back (columns permuted).
-        in_run = rows.gather(-1, order[:, None].expand_as(rows))
-        product = _blockwise_product(blocks(index), in_run, self.mask.gather(1, order), self.residual_alpha)
-        return product.gather(-1, self._back[:, None].expand_as(product))
+        mask = self.mask if order is None else self.mask.gather(1, order)
+        in_run = rows if order is None else rows.gather(-1, order[:, None].expand_as(rows))
+        layer_product = None if self._stream_product is None else self._stream_product(index, mask, rows.shape[1])
+        if layer_product is not None:
+            product = _mixed_product(layer_product, in_run, mask, self.residual_alpha)
+        else:
+            product = _blockwise_product(blocks(index), in_run, mask, self.residual_alpha)
+        return product if order is None else product.gather(-1, self._back[:, None].expand_as(product))
 
     def rows(self, index: int, positions: Tensor) -> Tensor:
         """Rows ``positions`` (B, S) of :math:`A_l`, layer ``index`` (0-based): (B, S, n) float32.
@@ -297,6 +306,15 @@ def _blockwise_product(
         scaled[..., start:stop] = rows[..., start:stop] * (mask[:, None, start:stop] / sums[:, None, :])
         product[..., :width].baddbmm_(scaled[..., start:stop], block)
     return product.mul_(alpha).add_(scaled, alpha=1.0 - alpha).mul_(mask[:, None, :])
+
+
+def _mixed_product(layer_product: Any, rows: Tensor, mask: Tensor, alpha: float) -> Tensor:
+    """``rows`` (B, c, n) times :math:`A` with :math:`W` given as a function of row vectors with
+    its ``real_sums`` (see :meth:`AttentionGraph.streamed`); the mixing of :func:`_blockwise_product`."""
+    mask = mask.to(rows.dtype)
+    sums = layer_product.real_sums * alpha + (1.0 - alpha)  # s_i
+    scaled = rows * (mask / torch.where(sums > 0, sums, torch.ones_like(sums)))[:, None, :]  # u
+    return layer_product(scaled).mul_(alpha).add_(scaled, alpha=1.0 - alpha).mul_(mask[:, None, :])
 
 
 def attention_graph(

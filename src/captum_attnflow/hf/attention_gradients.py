@@ -31,7 +31,9 @@ from torch import Tensor, nn
 from transformers.masking_utils import sdpa_mask
 
 from captum_attnflow.hf.internals import prepared_call
-from captum_attnflow.hf.lean import LEAN_MODEL_TYPES, AttentionScores, _scratch_size, captured_scores, fused_blocks, own_attention
+from captum_attnflow.hf.lean import (
+    LEAN_MODEL_TYPES, AttentionScores, _scratch_size, captured_scores, fused_blocks, own_attention, row_product,
+)
 from captum_attnflow.hf.models import hf_models
 from captum_attnflow.hf.state import implementation, register_attention, unchanged, uses_substituted_attention
 
@@ -128,6 +130,17 @@ class AttentionGradients:
         if self.device is None or self.device == device:
             return blocks
         return ((start, stop, block.to(self.device)) for start, stop, block in blocks)
+
+    def weighted_product(self, index: int, grad_output: Tensor, rows: int) -> Callable[[Tensor], Tensor] | None:
+        """:math:`\\bar A` of call ``index``, its first ``rows`` rows, as a function of row
+        vectors (B, c, rows) -> (B, c, n_k) (:func:`~captum_attnflow.hf.lean.row_product`: never
+        written out); None where the kernels do not run (then :meth:`weighted_blocks` serves)."""
+        call = self.calls[index]
+        device = call.scores.query.device
+        product = row_product(call.scores, rows, gradient=(grad_output.to(device), call.value))
+        if product is None or self.device is None or self.device == device:
+            return product
+        return lambda vectors: product(vectors.to(device)).to(self.device)
 
     def weighted_layer(self, index: int, grad_output: Tensor) -> Tensor:
         """:math:`\\bar A` of call ``index`` whole: (B, n_q, n_k) float32."""

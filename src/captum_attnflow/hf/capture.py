@@ -177,7 +177,7 @@ def _lean_graph(
     return AttentionGraph.streamed(
         lambda index, out: capture.fused_layer(index, out=out), capture.num_layers, attention_mask, batch, n,
         capture.layers[0].query.device, residual_alpha, head_fusion, capture.causal, capture.fused_layer,
-        capture.fused_blocks, order,
+        capture.fused_blocks, order, capture.row_product,
     )
 
 

@@ -69,6 +69,9 @@ _NAME = "captum_attnflow_lean"
 _BLOCK_BYTES = 48 * 2**20
 # On a GPU at most this (a share of its free memory: functional.kernels.block_bytes).
 _GPU_BLOCK_BYTES = 2**30
+# A row product walks a layer's tiles once for every 64 vectors: beyond this many, the blocks
+# (written once, multiplied by any number of vectors) cost less.
+_PRODUCT_VECTORS = 256
 
 
 def supports_lean(model: nn.Module) -> bool:
@@ -179,6 +182,16 @@ class LeanCapture:
             scratch = torch.empty(_scratch_size(layer), dtype=torch.float32, device=layer.query.device)
             self._scratch.buffer = scratch
         return fused_blocks(layer, self.head_fusion, scratch, out)
+
+
+    def row_product(self, index: int, real_keys: Tensor, vectors: int) -> Any | None:
+        """:func:`row_product` of layer ``index`` (heads fused by their mean) for ``vectors`` row
+        vectors, with the probability on ``real_keys`` (B, n); None where it does not serve
+        (no kernels, another head fusion, more vectors than a few walks of the tiles take)."""
+        if self.head_fusion != "mean" or vectors > _PRODUCT_VECTORS:
+            return None
+        layer = self.layers[index]
+        return row_product(layer, layer.query.shape[2], real_keys=real_keys)
 
 
 def attends_causally(queries: int, mask: Tensor | None, causal: bool) -> bool:
@@ -310,6 +323,25 @@ def fused_rows(scores: AttentionScores, head_fusion: str, rows: Tensor, out: Ten
     else:
         allowed = (torch.arange(n, device=rows.device) <= rows[..., None])[:, None] if causal else None
     return _softmax_fused(products, allowed, head_fusion, out)
+
+
+def row_product(
+    scores: AttentionScores, rows: int, real_keys: Tensor | None = None, gradient: tuple[Tensor, Tensor] | None = None
+) -> Any | None:
+    """The head-mean map :math:`W` of the first ``rows`` query rows of one call's ``scores``
+    (gradient-weighted as in :func:`fused_blocks` with ``gradient``) as a function of row
+    vectors, ``product(u)`` = u W for ``u`` (B, C, rows) float32, (B, C, n_k), with
+    ``product.real_sums`` (B, rows), :math:`\sum_{j \text{ real}} W_{ij}` over the keys
+    ``real_keys`` (B, n_k) marks: the Triton kernels' :class:`~captum_attnflow.hf.lean_triton.RowProduct`,
+    which never writes :math:`W`. None where the kernels do not run (the CPU), where
+    :func:`fused_blocks` serves."""
+    kernels = _kernels(scores.query.device)
+    if kernels is None:
+        return None
+    causal = scores.query.shape[2] == scores.key.shape[2] and scores.attends_causally
+    return kernels.row_product(
+        scores.query, scores.key, scores.mask, scores.scaling, causal, rows, real_keys, gradient, scores.softcap
+    )
 
 
 def fused_blocks(

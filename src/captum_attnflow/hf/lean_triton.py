@@ -46,7 +46,8 @@ _TILE = (64, 64)
 _NO_MASK, _BOOL_MASK, _ADDITIVE_MASK = 0, 1, 2
 # What the tiles multiply in the queries' own dtype; others (float64) are made float32 first.
 _TILE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-# Row vectors one product kernel multiplies at once (the rows of a tl.dot: at least 16).
+# Row vectors one product kernel multiplies at once (the rows of a tl.dot: at least 16; more
+# vectors walk the tiles again).
 MAX_VECTORS = 64
 # Programs per multiprocessor the product kernel's row chunks aim for (it has one per key tile
 # otherwise: too few to hide memory latency on a large GPU).
@@ -500,11 +501,12 @@ class RowProduct:
         self.real_sums = None if real is None else real.mean(1)
 
     def __call__(self, vectors: Tensor) -> Tensor:
-        """``vectors`` (B, C, R) float32 times :math:`W`: (B, C, w) float32, C <= :data:`MAX_VECTORS`."""
+        """``vectors`` (B, C, R) float32 times :math:`W`: (B, C, w) float32; the tiles are walked
+        once for every :data:`MAX_VECTORS` vectors."""
+        if vectors.shape[1] > MAX_VECTORS:
+            return torch.cat([self(part) for part in vectors.split(MAX_VECTORS, 1)], 1)
         call, count, width = self._call, self._count, self._width
         batch, n_vectors = vectors.shape[0], vectors.shape[1]
-        if n_vectors > MAX_VECTORS:
-            raise ValueError(f"at most {MAX_VECTORS} row vectors at once, got {n_vectors}")
         block_c = max(16, triton.next_power_of_2(n_vectors))
         # Enough programs to fill the device (one per key tile is too few): the rows in chunks of
         # whole tiles, whose partial products are summed after.
