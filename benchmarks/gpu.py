@@ -1,6 +1,9 @@
 """Every method on one GPU, beside the model's own forward and Captum's call in the same run.
 
-Random weights from configs (no download). Two tables:
+Random weights from configs (no download). First one attention layer's recomputation alone
+(:func:`kernel_table`: the row statistics, the row product and the fused probabilities beside
+the layer's own sdpa attention, BERT-base float32 at n = 8192, Llama-3.2-1B bfloat16 at 16384),
+then two tables of the methods:
 
 * BERT-base geometry (L=12, H=12, hidden 768), float32, B = 1, n = 512, 4096, 8192 (``--bert``):
   the model's sdpa forward, forward + backward, and the library's methods explaining the first
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import platform
 import time
 from typing import Callable
@@ -175,6 +179,34 @@ def llama_table(tokens: int, device: torch.device, smoke: bool) -> None:
     del model
 
 
+def kernel_table(device: torch.device, smoke: bool) -> None:
+    """One attention layer's recomputation alone, random queries and keys: the layer's own sdpa
+    attention beside the row statistics pass, the row product (16 vectors, statistics
+    included) and the fused probabilities of every row written out (the blocks' path)."""
+    from captum_attnflow.hf import lean_triton
+
+    geometries = [("BERT-base layer", 12, 12, 8192, False, torch.float32),
+                  ("Llama-3.2-1B layer", 32, 8, 16384, True, torch.bfloat16)]
+    for name, heads, kv_heads, n, causal, dtype in geometries:
+        n = 96 if smoke else n
+        torch.manual_seed(0)
+        query = torch.randn(1, heads, n, 64, device=device, dtype=dtype)
+        key, value = torch.randn(2, 1, kv_heads, n, 64, device=device, dtype=dtype)
+        real = torch.ones(1, n, dtype=torch.bool, device=device)
+        vectors = torch.rand(1, 16, n, device=device)
+        table = Table(f"{name} alone ({heads} heads, {kv_heads} key heads, d = 64), {str(dtype)[6:]}, n = {n}"
+                      f"{', causal' if causal else ''}", ("sdpa",), device)
+        table.row("sdpa", lambda: torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, is_causal=causal, enable_gqa=kv_heads != heads))
+        table.row("row statistics (pass 1)", lambda: lean_triton.row_product(query, key, None, 0.125, causal, n, real))
+        product = lean_triton.row_product(query, key, None, 0.125, causal, n, real)
+        table.row("row product of 16 vectors (pass 2)", lambda: product(vectors))
+        out = torch.empty(1, n, n, device=device)
+        table.row("fused probabilities written (both passes)", lambda: lean_triton.fused_probabilities(
+            query, key, None, 0.125, causal, "mean", out))
+        del out, product
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bert", type=int, nargs="*", default=None, help="BERT sequence lengths (default 512 4096 8192)")
@@ -191,6 +223,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{name}; torch {torch.__version__}, transformers {transformers.__version__}; {triton}; "
           "one call after a warm-up; peak GPU memory allocated during the call")
     start = time.perf_counter()
+    if device.type == "cuda" or _has_triton() and os.environ.get("TRITON_INTERPRET") == "1":  # CPU tensors: the interpreter
+        kernel_table(device, args.smoke)
     bert_table(bert, device, args.smoke)
     for tokens in llama:
         llama_table(tokens, device, args.smoke)

@@ -4,8 +4,9 @@ Run by tests/test_triton_compile.py in a process without TRITON_INTERPRET (the i
 accepts code the compiler refuses: mixed types across branches, loop bounds, dot shapes). The
 kernels' launches are recorded instead of run, on CPU tensors of the shapes the wrappers get,
 and each distinct signature is compiled to a cubin by Triton's own compiler and ptxas, as a
-first call on the GPU would. ``UPCAST`` (the interpreter's float32 tiles) is set as on CUDA.
-Prints one line per compiled variant and ``compiled N``.
+first call on the GPU would. ``UPCAST`` (the interpreter's float32 tiles) and the products'
+precisions are set as on CUDA; a kernel's first launch is compiled with every config the GPU
+tunes it over too. Prints one line per compiled variant and ``compiled N``.
 
     python tests/_triton_compile.py [--all]
 """
