@@ -336,6 +336,8 @@ def _bench(kernel_call: Callable[[], Any], quantiles: Any) -> Any:
     return triton.testing.do_bench(kernel_call, warmup=5, rep=20, quantiles=quantiles)
 
 
+# Shorter calls take the default tiles: a few microseconds to gain, seconds of tuning to pay.
+_TUNED_KEYS = 1024
 # Timed on a GPU once per kind of call (these arguments and the tensors' dtypes), each kernel
 # with the configs its loop structure suits: flash attention's shapes for the statistics, square
 # tiles for the fused ones (every head is walked per tile).
@@ -358,9 +360,10 @@ _TUNED = {
 
 
 def _launch(kernel: triton.JITFunction, device: torch.device, grid: Callable[[dict], tuple], *args: Any, **kwargs: Any) -> None:
-    """``kernel`` on ``device``: its tuned twin on a GPU; the tiles of :data:`_TILE` in the
-    interpreter (CPU tensors), halved rows for heads larger than 64."""
-    if device.type != "cpu":
+    """``kernel`` on ``device``: its tuned twin on a GPU for calls over at least
+    :data:`_TUNED_KEYS` keys; else the tiles of :data:`_TILE` (the interpreter's on CPU
+    tensors), halved rows for heads larger than 64."""
+    if device.type != "cpu" and kwargs["n_keys"] >= _TUNED_KEYS:
         _TUNED[kernel][grid](*args, **kwargs)
         return
     block_m, block_n = _TILE if kwargs["BLOCK_D"] <= 64 else (_TILE[0] // 2, _TILE[1])
@@ -495,10 +498,14 @@ class RowProduct:
             keys ``real_keys`` marked (gradient weighting: None).
     """
 
-    def __init__(self, call: _Call, count: int, width: int, real_keys: Tensor | None) -> None:
+    def __init__(self, call: _Call, count: int, width: int, real_keys: Tensor | None, real_sums: bool = False) -> None:
+        """``real_keys`` (B, w) int8, or ``real_sums``: every key is real (no pass over them needed)."""
         self._call, self._count, self._width = call, count, width
         self._statistics, real = call.statistics(count, width, real_keys=real_keys)
-        self.real_sums = None if real is None else real.mean(1)
+        if real is not None:
+            self.real_sums = real.mean(1)
+        else:  # rows with a key (inverse sum > 0) put all of their probability on real keys
+            self.real_sums = (self._statistics[1] > 0).float().mean(1) if real_sums else None
 
     def __call__(self, vectors: Tensor) -> Tensor:
         """``vectors`` (B, C, R) float32 times :math:`W`: (B, C, w) float32; the tiles are walked
@@ -543,6 +550,6 @@ def row_product(
     in :func:`fused_probabilities` (heads fused by their mean). ``real_keys``: (B, n_k) bool,
     the keys whose probability :attr:`RowProduct.real_sums` adds up (not with ``gradient``)."""
     call = _Call(query, key, mask, scaling, causal, gradient, softcap)
-    if real_keys is not None:
-        real_keys = real_keys.to(torch.int8)
-    return RowProduct(call, count, key.shape[2], real_keys)
+    if real_keys is None or bool(real_keys.all()):  # every key real: a row's sum is 1, or 0 without any key
+        return RowProduct(call, count, key.shape[2], None, real_sums=real_keys is not None)
+    return RowProduct(call, count, key.shape[2], real_keys.to(torch.int8))
