@@ -18,7 +18,7 @@ from captum_attnflow import (
     RawAttention,
 )
 from captum_attnflow.baselines import TokenSaliency
-from captum_attnflow.methods import METHODS
+from captum_attnflow.methods import EXTRA_METHODS, METHODS, method_entry
 from tests.helpers import model_state
 
 _SMALL = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, initializer_range=0.2)
@@ -87,16 +87,19 @@ _RUNS = [
     (family, side, name)
     for family in ("clip", "siglip")
     for side in ("image", "text")
-    for name in METHODS
-    if not (side == "image" and name in ("saliency", "blankout", "attnlrp"))  # token methods; AttnLRP: below
+    for name in [*METHODS, *EXTRA_METHODS]
+    if side == "text" or method_entry(name).per_layer  # token methods; AttnLRP: below
 ]
 
 
 @pytest.mark.parametrize("family, side, name", _RUNS)
 def test_every_method_explains_each_side(family, side, name):
     similarity, inputs, kwargs = _similarity(family, side)
-    method = METHODS[name]
+    method = method_entry(name)
+    # The token a blank-out or integrated-gradients baseline puts in: no tokenizer here to name it.
     options = {"token": 0, "softmax": False} if name == "blankout" else {}
+    if name == "integrated_gradients":
+        kwargs = {**kwargs, "baselines": 1}
     target = {"target": [2, 0]} if method.class_specific else {}
     scores = method.build(similarity, None, **options).attribute(inputs, **target, **kwargs)
     assert scores.shape == (2, _TOKENS[family, side])

@@ -69,7 +69,7 @@ class ImageTextSimilarity(nn.Module):
         >>> from transformers import CLIPConfig, CLIPModel
         >>> from captum_attnflow import AttentionRollout, ImageTextSimilarity
         >>> small = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2)
-        >>> model = CLIPModel(CLIPConfig(text_config=dict(small, vocab_size=50, max_position_embeddings=8),
+        >>> model = CLIPModel(CLIPConfig(text_config=dict(small, vocab_size=50, eos_token_id=49, bos_token_id=0),
         ...     vision_config=dict(small, image_size=16, patch_size=8), projection_dim=8)).eval()
         >>> ids, pixels = torch.tensor([[0, 5, 7, 49]]), torch.rand(1, 3, 16, 16)
         >>> similarity = ImageTextSimilarity(model, text=ids)  # explains the image, the caption fixed
@@ -140,7 +140,7 @@ class ImageTextSimilarity(nn.Module):
             >>> import torch
             >>> from transformers import CLIPConfig, CLIPModel
             >>> small = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2)
-            >>> model = CLIPModel(CLIPConfig(text_config=dict(small, vocab_size=50, eos_token_id=49),
+            >>> model = CLIPModel(CLIPConfig(text_config=dict(small, vocab_size=50, eos_token_id=49, bos_token_id=0),
             ...     vision_config=dict(small, image_size=16, patch_size=8), projection_dim=8))
             >>> similarity = ImageTextSimilarity(model, image=torch.rand(1, 3, 16, 16))  # explains texts
             >>> similarity.pooled_position(torch.tensor([[0, 5, 49, 1], [0, 49, 1, 1]]))
