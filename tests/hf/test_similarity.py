@@ -296,3 +296,5 @@ def test_clear_errors():
     siglip_texts = ImageTextSimilarity(_model("siglip"), image=images)
     with pytest.raises(ValueError, match="pass no attention_mask"):
         siglip_texts(ids, attention_mask=mask)
+    with pytest.raises(ValueError, match="pass no attention_mask"):  # the tower alone runs here; the rule holds
+        AttentionRollout(siglip_texts).attribute(ids, attention_mask=mask)

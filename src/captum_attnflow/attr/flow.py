@@ -71,7 +71,7 @@ class AttentionFlow(AttentionAttribution):
             True
         """
         graph, inputs = self._graph(inputs, additional_forward_args, attention_mask, residual_alpha, head_fusion, head is not None)
-        position, weights = self._pooled_position(position, inputs, attention_mask)
+        position, weights = self._pooled_position(position, inputs, graph.mask)
         sources, has_axis = explained_positions(position, graph.mask, lambda: graph.is_causal)
         scores = flow(graph, layer, sources, normalize=normalize, show_progress=show_progress, head=head)
         return pooled_rows(as_returned(scores, has_axis, inputs), weights)

@@ -55,5 +55,5 @@ class AttentionRollout(AttentionAttribution):
             'keys'
         """
         graph, inputs = self._graph(inputs, additional_forward_args, attention_mask, residual_alpha, head_fusion, head is not None)
-        position, weights = self._pooled_position(position, inputs, attention_mask)
+        position, weights = self._pooled_position(position, inputs, graph.mask)
         return pooled_rows(rollout_rows(graph, position, layer, head=head, show_progress=show_progress), weights).to(inputs.device)

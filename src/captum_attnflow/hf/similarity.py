@@ -121,8 +121,9 @@ class ImageTextSimilarity(nn.Module):
         # AttnLRP holds the norm constant (its identity rule on a division), which makes the
         # cosine linear in the embedding; its plain gradient would be orthogonal to it.
         unit = embeddings / held_in_lrp(embeddings.norm(dim=-1, keepdim=True))
-        logits = unit @ self.fixed.to(unit.dtype).t() * self.logit_scale.exp().to(unit.dtype)
-        return logits if self.logit_bias is None else logits + self.logit_bias.to(unit.dtype)
+        # On the explained tower's device: a model spread over devices may hold the fixed side elsewhere.
+        logits = unit @ self.fixed.to(unit).t() * self.logit_scale.exp().to(unit)
+        return logits if self.logit_bias is None else logits + self.logit_bias.to(unit)
 
     def pooled_position(self, inputs: Any, attention_mask: Tensor | None = None) -> Tensor:
         """Where the explained tower pools its output: (B,) token indices, or (B, n) weights over the tokens.
@@ -151,8 +152,9 @@ class ImageTextSimilarity(nn.Module):
             if self.model_type == "clip":
                 return torch.zeros(pixels.shape[0], dtype=torch.long, device=pixels.device)
             return self._probe_weights(pixels)
-        ids, _ = _text_inputs(inputs, attention_mask, "inputs")
+        ids, mask = _text_inputs(inputs, attention_mask, "inputs")
         if self.model_type == "siglip":
+            _check_unpadded(mask)
             return torch.full((ids.shape[0],), ids.shape[1] - 1, dtype=torch.long, device=ids.device)
         eos = self.tower.config.eos_token_id
         return (ids.argmax(-1) if eos == 2 else (ids == eos).int().argmax(-1)).long()
@@ -167,11 +169,8 @@ class ImageTextSimilarity(nn.Module):
         if self.side == "image":
             return self.tower(pixel_values=self._checked_pixels(inputs)).pooler_output
         ids, mask = _text_inputs(inputs, attention_mask, "inputs")
-        if self.attends_to_padding and mask is not None and not bool(mask.bool().all()):
-            raise ValueError(
-                "SigLIP reads its texts padded to a fixed length without a mask and pools the last position, padding "
-                "included: pass no attention_mask (tokenize with padding='max_length', as the model was trained)."
-            )
+        if self.attends_to_padding:
+            _check_unpadded(mask)
         return self.tower(input_ids=ids, attention_mask=mask).pooler_output
 
     def _checked_pixels(self, inputs: Any) -> Tensor:
@@ -189,6 +188,15 @@ class ImageTextSimilarity(nn.Module):
             probe = head.probe.expand(hidden.shape[0], -1, -1)
             _, weights = head.attention(probe, hidden, hidden, need_weights=True, average_attn_weights=True)
         return weights[:, 0].float()
+
+
+def _check_unpadded(attention_mask: Tensor | None) -> None:
+    """Refuse a mask marking padding for SigLIP's text tower, which reads its padding as text."""
+    if attention_mask is not None and not bool(torch.as_tensor(attention_mask).bool().all()):
+        raise ValueError(
+            "SigLIP reads its texts padded to a fixed length without a mask and pools the last position, padding "
+            "included: pass no attention_mask (tokenize with padding='max_length', as the model was trained)."
+        )
 
 
 def _text_inputs(text: Any, attention_mask: Tensor | None, name: str) -> tuple[Tensor, Tensor | None]:
