@@ -175,7 +175,8 @@ _POSITION_LAYER_DOC = """
                 last here, Captum's way, is used as ``attention_mask``).
             position (int, list or Tensor, optional): """ + POSITION_DOC.replace("\n            ", "\n                ") + """
                 None (default): each example's last real token for a causal model (a
-                decoder, detected from its attention), else 0 (the CLS token).
+                decoder, detected from its attention), else 0 (the CLS token); for an
+                :class:`~captum_attnflow.hf.ImageTextSimilarity`, the position its tower pools.
             layer (int or None, optional): explain the representation at the output of this
                 layer, 1..L, or negative from the top (-1 = last layer). None returns every
                 layer. Default: -1."""
