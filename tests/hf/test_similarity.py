@@ -151,34 +151,39 @@ def test_siglip_images_mix_the_patches_rows_by_the_pooling_heads_attention(metho
 
 def _chefer_reference(family: str, side: str, target: list[int]) -> torch.Tensor:
     """Chefer et al.'s R (equations 5-6) from the model's own eager attention and autograd on its own
-    ``logits_per_image`` / ``logits_per_text``, the explained examples' row at the pooled position."""
+    ``logits_per_image`` / ``logits_per_text``, the explained examples' row where the tower pools
+    (SigLIP's images: the rows mixed by the pooling head's attention, kept from the model's forward)."""
     model = _model(family, "eager")
+    kept = []
     if side == "image":
         ids, mask = _texts(family, 3)
-        pixels = _images()
-        output = model(ids, pixels, attention_mask=mask, output_attentions=True)
+        if family == "siglip":
+            model.vision_model.head.attention.register_forward_hook(lambda module, args, output: kept.append(output[1]))
+        output = model(ids, _images(), attention_mask=mask, output_attentions=True)
         attentions, logits = output.vision_model_output.attentions, output.logits_per_image
-        n, rows = 5, torch.zeros(2, dtype=torch.long)  # [CLS] and 4 patches; [CLS] pooled
     else:
         ids, mask = _texts(family)
         output = model(ids, _images(3, seed=1), attention_mask=mask, output_attentions=True)
         attentions, logits = output.text_model_output.attentions, output.logits_per_text
-        n, rows = 6, torch.tensor([3, 5])  # the end-of-text tokens
+    n = _TOKENS[family, side]
     score = logits[torch.arange(2), torch.tensor(target)].sum()
     gradients = torch.autograd.grad(score, attentions)
     relevance = torch.eye(n).expand(2, n, n)
     for attention, gradient in zip(attentions, gradients):
         weighted = (gradient * attention).clamp(min=0).mean(1)
         relevance = relevance + weighted @ relevance
+    if kept:
+        return torch.einsum("bs,bsn->bn", kept[0][:, 0], relevance).detach()
+    rows = _pooled(family, side, ids)
     return relevance[torch.arange(2), rows].detach()
 
 
-@pytest.mark.parametrize("side", ["image", "text"])
+@pytest.mark.parametrize("family, side", [("clip", "image"), ("clip", "text"), ("siglip", "image"), ("siglip", "text")])
 @pytest.mark.parametrize("lean", [None, False])
-def test_gradient_rollout_is_chefers_on_the_models_own_logits(side, lean):
-    similarity, inputs, kwargs = _similarity("clip", side)
+def test_gradient_rollout_is_chefers_on_the_models_own_logits(family, side, lean):
+    similarity, inputs, kwargs = _similarity(family, side)
     ours = GradientWeightedRollout(similarity, lean=lean).attribute(inputs, target=[2, 0], **kwargs)
-    torch.testing.assert_close(ours, _chefer_reference("clip", side, [2, 0]), atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(ours, _chefer_reference(family, side, [2, 0]), atol=1e-5, rtol=1e-4)
 
 
 def _token_gradients(model, ids, mask, images, target):
