@@ -303,3 +303,5 @@ def test_clear_errors():
         siglip_texts(ids, attention_mask=mask)
     with pytest.raises(ValueError, match="pass no attention_mask"):  # the tower alone runs here; the rule holds
         AttentionRollout(siglip_texts).attribute(ids, attention_mask=mask)
+    with pytest.raises(ValueError, match="images have no padding"):
+        ImageTextSimilarity(model, text=ids, attention_mask=mask)(images, attention_mask=torch.ones(2, 5))

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from transformers import PreTrainedModel
 
 from captum_attnflow.hf.lrp import held_in_lrp
+from captum_attnflow.hf.models import check_device
 from captum_attnflow.hf.state import unchanged
 
 # model_type -> whether a logit bias is added (SigLIP's sigmoid loss has one, CLIP's softmax none).
@@ -101,12 +102,14 @@ class ImageTextSimilarity(nn.Module):
         self.projection = projection if projection is not None else nn.Identity()  # SigLIP projects in its towers
         self.logit_scale = model.logit_scale
         self.logit_bias = model.logit_bias if _FAMILIES[model_type] else None
+        ids, mask = _text_inputs(text, attention_mask, "text") if text is not None else (None, None)
+        pixels = _pixel_values(image, "image") if image is not None else None
+        check_device(model.text_model if text is not None else model.vision_model, ids if text is not None else pixels)
         with torch.no_grad(), unchanged(model):
             if text is not None:
-                ids, mask = _text_inputs(text, attention_mask, "text")
                 fixed = model.get_text_features(input_ids=ids, attention_mask=mask).pooler_output
             else:
-                fixed = model.get_image_features(pixel_values=_pixel_values(image, "image")).pooler_output
+                fixed = model.get_image_features(pixel_values=pixels).pooler_output
         self.register_buffer("fixed", fixed / fixed.norm(dim=-1, keepdim=True), persistent=False)
 
     def forward(self, inputs: Any, attention_mask: Tensor | None = None) -> Tensor:
@@ -167,6 +170,8 @@ class ImageTextSimilarity(nn.Module):
     def _pooled(self, inputs: Any, attention_mask: Tensor | None) -> Tensor:
         """(B, D) the explained tower's pooled output."""
         if self.side == "image":
+            if attention_mask is not None:
+                raise ValueError("attention_mask was given with images: images have no padding, drop it.")
             return self.tower(pixel_values=self._checked_pixels(inputs)).pooler_output
         ids, mask = _text_inputs(inputs, attention_mask, "inputs")
         if self.attends_to_padding:
