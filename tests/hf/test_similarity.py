@@ -3,6 +3,7 @@ by every method of the registry that reads its tower."""
 
 from __future__ import annotations
 
+import matplotlib.pyplot as plt
 import pytest
 import torch
 import transformers
@@ -19,6 +20,7 @@ from captum_attnflow import (
 )
 from captum_attnflow.baselines import TokenSaliency
 from captum_attnflow.methods import EXTRA_METHODS, METHODS, method_entry
+from captum_attnflow.visualize import plot_patch_heatmap
 from tests.helpers import model_state
 
 _SMALL = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, initializer_range=0.2)
@@ -305,3 +307,17 @@ def test_clear_errors():
         AttentionRollout(siglip_texts).attribute(ids, attention_mask=mask)
     with pytest.raises(ValueError, match="images have no padding"):
         ImageTextSimilarity(model, text=ids, attention_mask=mask)(images, attention_mask=torch.ones(2, 5))
+    clip_texts = ImageTextSimilarity(model, image=images)
+    with pytest.raises(ValueError, match="padded on the left; pad them on the right"):
+        GradientWeightedRollout(clip_texts).attribute(ids.flip(1), target=0, attention_mask=mask.flip(1))
+    with pytest.raises(ValueError, match="padded on the left"):  # also where the tower runs alone
+        AttentionRollout(clip_texts).attribute(ids.flip(1), attention_mask=mask.flip(1))
+
+
+@pytest.mark.parametrize("family, special_tokens", [("clip", 1), ("siglip", 0)])
+def test_image_scores_lie_on_the_patch_grid(family, special_tokens):
+    similarity, images, _ = _similarity(family, "image")
+    scores = GradientWeightedRollout(similarity).attribute(images, target=0)
+    figure = plot_patch_heatmap(scores[0], image=images[0], special_tokens=special_tokens)
+    assert figure.axes[0].images[1].get_array().shape == (2, 2)  # a 16 x 16 image in 8 x 8 patches
+    plt.close(figure)

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 from transformers import PreTrainedModel
 
+from captum_attnflow.hf.inputs import real_tokens_first
 from captum_attnflow.hf.lrp import held_in_lrp
 from captum_attnflow.hf.models import check_device
 from captum_attnflow.hf.state import unchanged
@@ -155,17 +156,11 @@ class ImageTextSimilarity(nn.Module):
             if self.model_type == "clip":
                 return torch.zeros(pixels.shape[0], dtype=torch.long, device=pixels.device)
             return self._probe_weights(pixels)
-        ids, mask = _text_inputs(inputs, attention_mask, "inputs")
+        ids, _ = self._checked_text(inputs, attention_mask)
         if self.model_type == "siglip":
-            _check_unpadded(mask)
             return torch.full((ids.shape[0],), ids.shape[1] - 1, dtype=torch.long, device=ids.device)
         eos = self.tower.config.eos_token_id
         return (ids.argmax(-1) if eos == 2 else (ids == eos).int().argmax(-1)).long()
-
-    @property
-    def attends_to_padding(self) -> bool:
-        """Whether the explained tower reads its padding as text (SigLIP's text tower)."""
-        return self.side == "text" and self.model_type == "siglip"
 
     def _pooled(self, inputs: Any, attention_mask: Tensor | None) -> Tensor:
         """(B, D) the explained tower's pooled output."""
@@ -173,10 +168,28 @@ class ImageTextSimilarity(nn.Module):
             if attention_mask is not None:
                 raise ValueError("attention_mask was given with images: images have no padding, drop it.")
             return self.tower(pixel_values=self._checked_pixels(inputs)).pooler_output
-        ids, mask = _text_inputs(inputs, attention_mask, "inputs")
-        if self.attends_to_padding:
-            _check_unpadded(mask)
+        ids, mask = self._checked_text(inputs, attention_mask)
         return self.tower(input_ids=ids, attention_mask=mask).pooler_output
+
+    def _checked_text(self, inputs: Any, attention_mask: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """``(token ids (B, n), mask)``, refusing a mask the tower cannot be explained with: padding
+        marked for SigLIP, which reads it as text; left padding for CLIP, whose positions would then
+        count the padding in the model's forward but not where the methods run the tower alone
+        (real tokens first)."""
+        ids, mask = _text_inputs(inputs, attention_mask, "inputs")
+        if mask is None or bool(torch.as_tensor(mask).bool().all()):
+            return ids, mask
+        if self.model_type == "siglip":
+            raise ValueError(
+                "SigLIP reads its texts padded to a fixed length without a mask and pools the last position, padding "
+                "included: pass no attention_mask (tokenize with padding='max_length', as the model was trained)."
+            )
+        if real_tokens_first(torch.as_tensor(mask)) is not None:
+            raise ValueError(
+                "the texts are padded on the left; pad them on the right (the CLIP tokenizer's default, "
+                "tokenizer.padding_side = 'right')."
+            )
+        return ids, mask
 
     def _checked_pixels(self, inputs: Any) -> Tensor:
         pixels = _pixel_values(inputs, "inputs")
@@ -193,15 +206,6 @@ class ImageTextSimilarity(nn.Module):
             probe = head.probe.expand(hidden.shape[0], -1, -1)
             _, weights = head.attention(probe, hidden, hidden, need_weights=True, average_attn_weights=True)
         return weights[:, 0].float()
-
-
-def _check_unpadded(attention_mask: Tensor | None) -> None:
-    """Refuse a mask marking padding for SigLIP's text tower, which reads its padding as text."""
-    if attention_mask is not None and not bool(torch.as_tensor(attention_mask).bool().all()):
-        raise ValueError(
-            "SigLIP reads its texts padded to a fixed length without a mask and pools the last position, padding "
-            "included: pass no attention_mask (tokenize with padding='max_length', as the model was trained)."
-        )
 
 
 def _text_inputs(text: Any, attention_mask: Tensor | None, name: str) -> tuple[Tensor, Tensor | None]:
