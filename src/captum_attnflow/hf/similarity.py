@@ -120,6 +120,11 @@ class ImageTextSimilarity(nn.Module):
             inputs: pixel values (B, C, H, W) when the images are explained, token ids (B, n)
                 (or the tokenizer's output) when the texts are.
             attention_mask: (B, n) the texts' mask (none for images; SigLIP: none, or no padding marked).
+
+        Raises:
+            TypeError: inputs of the other side's kind.
+            ValueError: a mask with images, CLIP texts padded on the left, SigLIP texts with padding
+                marked, or images with another number of channels than the tower's.
         """
         embeddings = self.projection(self._pooled(inputs, attention_mask))
         # AttnLRP holds the norm constant (its identity rule on a division), which makes the
