@@ -19,6 +19,7 @@ _EXPORTS = {
     "ExplanationResult": "captum_attnflow.explanation",
     "aggregate_words": "captum_attnflow.words",
     "GradientWeightedRollout": "captum_attnflow.attr",
+    "ImageTextSimilarity": "captum_attnflow.hf",
     "ValueZeroing": "captum_attnflow.attr",
     "AttentionRollout": "captum_attnflow.attr",
     "LLMAttentionAttribution": "captum_attnflow.attr",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import torch
 from captum.attr import Attribution
 from torch import Tensor
 from tqdm.auto import tqdm
@@ -11,7 +12,16 @@ from tqdm.auto import tqdm
 from captum_attnflow.docstrings import fill_docstring
 from captum_attnflow.functional import AttentionGraph
 from captum_attnflow.functional.checks import POSITION_DOC, as_mask, default_position, positions
-from captum_attnflow.hf import as_tuple, capture_graph, check_token_ids, lift_mask, unpack_inputs, warn_unmasked_padding
+from captum_attnflow.hf import (
+    ImageTextSimilarity,
+    as_tuple,
+    capture_graph,
+    check_token_ids,
+    lift_mask,
+    owning_module,
+    unpack_inputs,
+    warn_unmasked_padding,
+)
 
 _CONSTRUCTOR_DOC = """Args:
         forward_func: a Hugging Face model, an ``nn.Module`` wrapping one, or a callable
@@ -90,9 +100,13 @@ class AttentionAttribution(Attribution):
         inputs, additional_forward_args, attention_mask, images = self._checked_inputs(
             inputs, additional_forward_args, attention_mask
         )
+        forward = self.forward_func
+        similarity = owning_module(forward)
+        if isinstance(similarity, ImageTextSimilarity) and not additional_forward_args:
+            # The attention does not depend on the score: the tower runs alone (lean where it applies).
+            forward = similarity.tower
         graph = capture_graph(
-            self.forward_func, inputs, additional_forward_args, attention_mask, residual_alpha, head_fusion,
-            keep_heads, self.lean,
+            forward, inputs, additional_forward_args, attention_mask, residual_alpha, head_fusion, keep_heads, self.lean,
         )
         batch = inputs.shape[0]
         n = graph.mask.shape[1] if images else inputs.shape[1]
@@ -103,6 +117,28 @@ class AttentionAttribution(Attribution):
                 f"({batch}, H, {n}, {n}) tensor per layer, row = query, as transformers returns for output_attentions=True."
             )
         return graph, inputs
+
+    def _pooled_position(self, position: Any, inputs: Tensor, attention_mask: Tensor | None) -> tuple[Any, Tensor | None]:
+        """``(position, weights)``: ``position`` as given, and None; for ``position=None`` with an
+        :class:`~captum_attnflow.hf.ImageTextSimilarity`, the position its tower pools
+        (:meth:`~captum_attnflow.hf.ImageTextSimilarity.pooled_position`): (B,) indices, or every
+        position (B, n) with the pooling weights (B, n) that :func:`pooled_rows` applies."""
+        similarity = owning_module(self.forward_func)
+        if position is not None or not isinstance(similarity, ImageTextSimilarity):
+            return position, None
+        pooled = similarity.pooled_position(inputs, attention_mask)
+        if not pooled.dtype.is_floating_point:
+            return pooled, None
+        batch, n = pooled.shape
+        return torch.arange(n, device=pooled.device).expand(batch, n), pooled
+
+
+def pooled_rows(rows: Tensor, weights: Tensor | None) -> Tensor:
+    """Rows (..., B, n, n) of every position mixed into one (..., B, n) by ``weights`` (B, n) over the
+    positions; ``rows`` as they are for None (see :meth:`AttentionAttribution._pooled_position`)."""
+    if weights is None:
+        return rows
+    return torch.einsum("bs,...bsn->...bn", weights.to(rows.device, rows.dtype), rows)
 
 
 def explained_positions(position: Any, mask: Tensor, causal: Callable[[], bool]) -> tuple[Tensor, bool]:
@@ -139,7 +175,8 @@ _POSITION_LAYER_DOC = """
                 last here, Captum's way, is used as ``attention_mask``).
             position (int, list or Tensor, optional): """ + POSITION_DOC.replace("\n            ", "\n                ") + """
                 None (default): each example's last real token for a causal model (a
-                decoder, detected from its attention), else 0 (the CLS token).
+                decoder, detected from its attention), else 0 (the CLS token); for an
+                :class:`~captum_attnflow.hf.ImageTextSimilarity`, the position its tower pools.
             layer (int or None, optional): explain the representation at the output of this
                 layer, 1..L, or negative from the top (-1 = last layer). None returns every
                 layer. Default: -1."""

@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 from torch import Tensor
 
-from captum_attnflow.attr._base import AttentionAttribution, progress_bar
+from captum_attnflow.attr._base import AttentionAttribution, pooled_rows, progress_bar
 from captum_attnflow.functional import AttentionGraph, rollout_rows
 
 
@@ -52,4 +52,5 @@ class ContributionRollout(LayerMapsAttribution):
     ) -> Tensor:
         maps, inputs, attention_mask = self._layer_maps(maps_of, inputs, additional_forward_args, attention_mask, show_progress)
         graph = AttentionGraph.from_fused(maps, residual_alpha=1.0, attention_mask=attention_mask)
-        return rollout_rows(graph, position, layer).to(inputs.device)
+        position, weights = self._pooled_position(position, inputs, attention_mask)
+        return pooled_rows(rollout_rows(graph, position, layer), weights).to(inputs.device)

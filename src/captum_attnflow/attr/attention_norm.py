@@ -6,7 +6,7 @@ from typing import Any
 
 from torch import Tensor
 
-from captum_attnflow.attr._base import with_internals_args
+from captum_attnflow.attr._base import pooled_rows, with_internals_args
 from captum_attnflow.attr._decomposition import LayerMapsAttribution
 from captum_attnflow.functional.checks import as_mask, matrix_rows
 from captum_attnflow.hf.decomposition import attention_norm_maps
@@ -55,4 +55,5 @@ class AttentionNorm(LayerMapsAttribution):
             attention_norm_maps, inputs, additional_forward_args, attention_mask, show_progress
         )
         mask = as_mask(attention_mask, maps.shape[1], maps.shape[2], maps.device)
-        return matrix_rows(maps, position, layer, mask).to(inputs.device)
+        position, weights = self._pooled_position(position, inputs, attention_mask)
+        return pooled_rows(matrix_rows(maps, position, layer, mask), weights).to(inputs.device)

@@ -10,6 +10,7 @@ from captum_attnflow.attr._base import (
     AttentionAttribution,
     as_returned,
     explained_positions,
+    pooled_rows,
     with_attribute_args,
     with_constructor_args,
 )
@@ -70,6 +71,7 @@ class AttentionFlow(AttentionAttribution):
             True
         """
         graph, inputs = self._graph(inputs, additional_forward_args, attention_mask, residual_alpha, head_fusion, head is not None)
+        position, weights = self._pooled_position(position, inputs, graph.mask)
         sources, has_axis = explained_positions(position, graph.mask, lambda: graph.is_causal)
         scores = flow(graph, layer, sources, normalize=normalize, show_progress=show_progress, head=head)
-        return as_returned(scores, has_axis, inputs)
+        return pooled_rows(as_returned(scores, has_axis, inputs), weights)

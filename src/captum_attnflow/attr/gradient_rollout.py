@@ -12,6 +12,7 @@ from captum_attnflow.attr._base import (
     AttentionAttribution,
     as_returned,
     explained_positions,
+    pooled_rows,
     progress_bar,
     with_internals_args,
 )
@@ -129,6 +130,7 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
             torch.Size([1, 6])
         """
         inputs, args, attention_mask, _ = self._checked_inputs(inputs, additional_forward_args, attention_mask)
+        position, weights = self._pooled_position(position, inputs, attention_mask)
         with torch.enable_grad():  # as Captum's gradient methods, also inside torch.no_grad()
             computed = None
             if self._lean_gradients():
@@ -138,7 +140,7 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
             result, sources, has_axis = computed
         if remove_identity:
             result = _without_identity(result, sources)
-        return as_returned(result, has_axis, inputs)
+        return pooled_rows(as_returned(result, has_axis, inputs), weights)
 
     def _stored(
         self, inputs: Tensor, target: Any, args: tuple, position: Any, layer: int | None, attention_mask: Tensor | None,

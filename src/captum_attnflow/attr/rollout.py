@@ -6,7 +6,7 @@ from typing import Any
 
 from torch import Tensor
 
-from captum_attnflow.attr._base import AttentionAttribution, with_attribute_args, with_constructor_args
+from captum_attnflow.attr._base import AttentionAttribution, pooled_rows, with_attribute_args, with_constructor_args
 from captum_attnflow.functional import rollout_rows
 
 
@@ -55,4 +55,5 @@ class AttentionRollout(AttentionAttribution):
             'keys'
         """
         graph, inputs = self._graph(inputs, additional_forward_args, attention_mask, residual_alpha, head_fusion, head is not None)
-        return rollout_rows(graph, position, layer, head=head, show_progress=show_progress).to(inputs.device)
+        position, weights = self._pooled_position(position, inputs, graph.mask)
+        return pooled_rows(rollout_rows(graph, position, layer, head=head, show_progress=show_progress), weights).to(inputs.device)

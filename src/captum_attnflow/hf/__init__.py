@@ -21,11 +21,13 @@ from captum_attnflow.hf.models import check_device, hf_models, input_device, mai
 from captum_attnflow.hf.placement import DEVICE_MAPS, DTYPES, load_pretrained, resolve_device, resolve_dtype
 from captum_attnflow.hf.seq2seq import Seq2SeqAttentions, seq2seq_attentions, seq2seq_gradient_internals
 from captum_attnflow.hf.scores import ScoreForward, class_scores, input_embeddings, output_scores, target_indices, target_scores, token_id
+from captum_attnflow.hf.similarity import ImageTextSimilarity
 from captum_attnflow.hf.state import eager_attention, exclusive, hooks_restored, implementation, model_call, unchanged
 
 __all__ = [
     "DEVICE_MAPS",
     "DTYPES",
+    "ImageTextSimilarity",
     "LRPRun",
     "ScoreForward",
     "Seq2SeqAttentions",

@@ -84,6 +84,11 @@ def vocabulary_size(forward_func: Any) -> int | None:
     return embeddings.num_embeddings if isinstance(embeddings, nn.Embedding) else None
 
 
+# Model types that read their padding as text by design: SigLIP's text tower was trained on texts
+# padded to a fixed length without a mask, and pools its last position, padding included.
+PADDING_READ = frozenset({"siglip_text_model"})
+
+
 def warn_unmasked_padding(
     forward_func: Any, inputs: Tensor, attention_mask: Tensor | None, additional_forward_args: tuple = ()
 ) -> None:
@@ -92,6 +97,8 @@ def warn_unmasked_padding(
     then be attended to like any token and shift every score."""
     model = main_model(forward_func)
     if attention_mask is not None or model is None or mask_in_args(forward_func, additional_forward_args) is not None:
+        return
+    if getattr(model.config, "model_type", None) in PADDING_READ:
         return
     pad = getattr(model.config, "pad_token_id", None)
     if not isinstance(pad, int):

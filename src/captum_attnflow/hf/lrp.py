@@ -379,3 +379,19 @@ def attnlrp_forward(
         )
     return run
 
+
+
+def held_in_lrp(value: Tensor) -> Tensor:
+    """``value`` itself, held constant (detached) while AttnLRP's rules run: a norm or scale that a
+    module around the model divides by (a cosine similarity's :math:`\\lVert u \\rVert`), given the
+    identity rule on its division as the rules give the model's own norms; outside a run the plain
+    ``value``, its gradient kept.
+
+    Example::
+
+        >>> import torch
+        >>> x = torch.ones(2, requires_grad=True)
+        >>> held_in_lrp(x.norm()).requires_grad  # no AttnLRP run here: the plain gradient
+        True
+    """
+    return value.detach() if _CURRENT.get() is not None else value
