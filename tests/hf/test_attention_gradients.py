@@ -102,6 +102,22 @@ def test_language_model_positions_each_explain_their_own_token():
         assert torch.allclose(together[:, k], alone, atol=1e-5)
 
 
+def test_a_language_model_computes_the_logits_of_the_explained_positions_alone():
+    """Given positions: ``logits_to_keep`` holds their run positions (left padding moves them),
+    and each score is the logit its full run gives."""
+    model = _with_head("llama")
+    ids, mask = (t.flip(1) for t in padded_batch(seed=8, batch=2, n=9))  # left padding
+    position = torch.tensor([[8, 6], [7, 8]])
+    capture = capture_attention_gradients(model, ids, attention_mask=mask, positions=position)
+    full = capture_attention_gradients(model, ids, attention_mask=mask)
+    assert capture.order is not None and not mask[1].all()  # the padded example's tokens moved
+    rows = capture.logit_rows(position if capture.order is None else capture.order.argsort(-1).gather(1, position))
+    assert capture.output.logits.shape[1] == capture.kept.numel() < full.output.logits.shape[1]
+    picked = torch.arange(2)[:, None]
+    run = position if full.order is None else full.order.argsort(-1).gather(1, position)
+    torch.testing.assert_close(capture.output.logits[picked, rows], full.output.logits[picked, run], atol=1e-5, rtol=0)
+
+
 def test_the_backward_pass_keeps_no_attention_map():
     """Only the (B, 1, n, n) mask of the padded batch has two token axes; eager attention
     would keep the (B, H, n, n) probabilities of every layer."""

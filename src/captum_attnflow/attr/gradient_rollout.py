@@ -193,7 +193,14 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         """:meth:`attribute` on the lean path (returns as :meth:`_stored`): one backward pass per explained score, each layer's
         :math:`\\bar A_l` in row blocks from the queries, keys, values and output gradient. None
         where an attention call's scores cannot be recomputed (the stored path then serves)."""
-        capture = capture_attention_gradients(self.forward_func, inputs, args, attention_mask)
+        # Given positions are known before the run (a language model then computes their logits
+        # alone); the default needs the run's causality.
+        known = None
+        if position is not None and inputs.dim() == 2:
+            known = explained_positions(position, as_mask(attention_mask, *inputs.shape, inputs.device), lambda: False)
+        capture = capture_attention_gradients(
+            self.forward_func, inputs, args, attention_mask, None if known is None else known[0]
+        )
         if capture.refused:
             if self.lean:
                 raise ValueError(_REFUSED)
@@ -203,10 +210,10 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         batch, n = calls[0].scores.query.shape[0], calls[0].scores.query.shape[2]
         device = inputs.device  # where the layers of a dispatched model come together
         mask = as_mask(attention_mask, batch, n, device)
-        sources, has_axis = explained_positions(position, mask, lambda: capture.causal)
+        sources, has_axis = known if known is not None else explained_positions(position, mask, lambda: capture.causal)
         run_sources = sources if capture.order is None else in_run_order(sources, capture.order.to(device))
         run_mask = as_mask(capture.mask, batch, n, device)
-        scores = target_scores(capture.output, target, run_sources, contrast)
+        scores = target_scores(capture.output, target, capture.logit_rows(run_sources), contrast)
         layers = layer_indices(layer, len(calls))
         below = range(max(layers) + 1)  # the layers the explained ones are rolled out over
         # A language model's positions each predict their own token: one backward per position;

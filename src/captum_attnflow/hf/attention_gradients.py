@@ -22,12 +22,14 @@ It applies to the model types whose attention scores are exactly :math:`q k^\\to
 
 from __future__ import annotations
 
+import inspect
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from torch import Tensor, nn
+from transformers import PreTrainedModel
 from transformers.masking_utils import sdpa_mask
 
 from captum_attnflow.hf.internals import prepared_call
@@ -86,6 +88,8 @@ class AttentionGradients:
         device: where :meth:`weighted_blocks` and :meth:`weighted_layer` deliver their maps (the
             inputs' device), each computed on the device its call ran on (layers of a model
             dispatched over several devices); None: that device.
+        kept: the run's positions whose logits a language model computed (sorted, 1-D: its
+            ``logits_to_keep``), or None for all; :meth:`logit_rows` finds a position's row.
     """
 
     calls: list[AttentionCall] = field(default_factory=list)
@@ -94,7 +98,12 @@ class AttentionGradients:
     mask: Tensor | None = None
     device: torch.device | None = None
     refused: bool = False
+    kept: Tensor | None = None
     _scratch: Tensor | None = None
+
+    def logit_rows(self, positions: Tensor) -> Tensor:
+        """The rows of the output's logits (B, S) that hold the run's ``positions`` (B, S)."""
+        return positions if self.kept is None else torch.searchsorted(self.kept, positions)
 
     def output_gradients(self, score: Tensor, calls: Iterable[int], retain_graph: bool = True) -> dict[int, Tensor]:
         """:math:`\\nabla O_l`: the gradient of ``score`` (a scalar, e.g. a sum of per-example
@@ -180,9 +189,15 @@ def capture_attention_gradients(
     inputs: Tensor,
     additional_forward_args: Any = None,
     attention_mask: Tensor | None = None,
+    positions: Tensor | None = None,
 ) -> AttentionGradients:
     """Run ``forward_func`` once with autograd on, keeping each attention call's queries, keys,
     values, mask and output (:class:`AttentionGradients`).
+
+    ``positions`` (B, S), the explained positions of the inputs if known: a Hugging Face language
+    model then computes the logits of those positions alone (its ``logits_to_keep``, the rows
+    :meth:`AttentionGradients.logit_rows` finds), not a (B, n, V) tensor and its gradient: at
+    Llama-3's vocabulary and n = 16384, 8 GB and two products with the output embedding.
 
     Called as :func:`~captum_attnflow.hf.internals.capture_internals` calls it (a left-padded
     batch of a Hugging Face model runs with its real tokens first). Each attention layer
@@ -193,7 +208,10 @@ def capture_attention_gradients(
     threads run one at a time.
     """
     module, call, order, mask = prepared_call(forward_func, inputs, additional_forward_args, attention_mask)
-    capture = AttentionGradients(order=order, mask=mask, device=inputs.device)
+    kept = None
+    if positions is not None and _keeps_logits(forward_func):
+        kept = (positions if order is None else order.argsort(dim=-1).gather(1, positions)).unique()
+    capture = AttentionGradients(order=order, mask=mask, device=inputs.device, kept=kept)
     register_attention(_NAME, _gradient_attention, sdpa_mask)  # the masks sdpa gets: bool, or None to skip
     with unchanged(module):
         saved = {id(m): m.config._attn_implementation for m in hf_models(module)}
@@ -202,7 +220,7 @@ def capture_attention_gradients(
                 _CAPTURES[submodule] = (capture, saved[id(model)])
         try:
             with implementation(module, _NAME), torch.enable_grad():
-                capture.output = call()
+                capture.output = call() if kept is None else call(logits_to_keep=kept)
         finally:
             for submodule in list(module.modules()):
                 _CAPTURES.pop(submodule, None)
@@ -212,3 +230,9 @@ def capture_attention_gradients(
             "this method needs a model that does (BERT, GPT-2, Llama, ViT, BART, ... in transformers 5)."
         )
     return capture
+
+
+def _keeps_logits(forward_func: Callable[..., Any]) -> bool:
+    """Whether ``forward_func`` is a Hugging Face model that computes the logits of chosen
+    positions only (a language model's ``logits_to_keep``, a 1-D tensor of positions)."""
+    return isinstance(forward_func, PreTrainedModel) and "logits_to_keep" in inspect.signature(forward_func.forward).parameters

@@ -177,7 +177,8 @@ def prepared_call(
     forward_func: Callable[..., Any], inputs: Tensor, additional_forward_args: Any, attention_mask: Tensor | None
 ) -> tuple[nn.Module, Callable[[], Any], Tensor | None, Tensor | None]:
     """``(module, call, order, mask)``: the module that ``forward_func`` runs, the call that runs
-    it on the inputs as :func:`capture_internals` describes, that run's token order
+    it on the inputs as :func:`capture_internals` describes (``call(**extra)`` passes more
+    keyword arguments), that run's token order
     (``order[b, k]`` the original position of the k-th token, None when no token moves) and its
     (B, n) attention mask in that order."""
     module = owning_module(forward_func)
@@ -197,7 +198,7 @@ def prepared_call(
     else:
         kwargs = mask_keyword(forward_func, args, attention_mask)
     run_mask = attention_mask if order is None else kwargs["attention_mask"]
-    return module, lambda: forward_func(inputs, *args, **kwargs), order, run_mask
+    return module, lambda **extra: forward_func(inputs, *args, **kwargs, **extra), order, run_mask
 
 
 @contextlib.contextmanager
