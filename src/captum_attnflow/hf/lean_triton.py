@@ -325,8 +325,8 @@ def _configs(tiles: tuple[tuple[int, int, int, int], ...]) -> list[triton.Config
 
 
 def _fitting(configs: list[triton.Config], named_args: dict[str, Any], **kwargs: Any) -> list[triton.Config]:
-    """The configs whose query tile fits beside the others on chip: at most 64 rows for heads
-    larger than 64 (Gemma's 256)."""
+    """The configs whose query tile fits beside the others on chip, at most 128 x 64 numbers: 64
+    rows for heads of 128; heads larger still (Gemma's 256) take the first config."""
     fitting = [c for c in configs if c.kwargs["BLOCK_M"] * kwargs["BLOCK_D"] <= 128 * 64]
     return fitting or configs[:1]
 
