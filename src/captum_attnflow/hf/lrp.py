@@ -20,7 +20,10 @@ forward values untouched (each rule returns the model's own output, only its gra
   :math:`1/\\sigma` held constant (LayerNorm's centring and both affine parts keep their gradient);
 * forward hooks on element-wise activations (GELU, SiLU, tanh, ...): the identity rule,
   gradient :math:`f(x)/x`; and on the two factors of a gated feed-forward (the architecture
-  table's ``gated_unit``), gradient scaled by 1/2: the uniform rule on :math:`\\mathrm{act}(g) \\odot u`.
+  table's ``gated_unit``), gradient scaled by 1/2: the uniform rule on :math:`\\mathrm{act}(g) \\odot u`
+  (a mixture's experts, whose product no hook reaches: the identity rule on the activation and
+  the experts' output gradient scaled by 1/2, the same rule since only linear maps follow the
+  product there).
 
 The relevance of token j is :math:`\\sum_d e_{jd} \\tilde\\nabla_{e_{jd}} y_t`, e the token
 embeddings (the input embedding layer's output; for a vision transformer the patch embeddings
@@ -244,9 +247,12 @@ def _rule_hooks(model: nn.Module, architecture: Architecture, blocks: list[nn.Mo
     """
     unique = list(dict.fromkeys(blocks))  # a shared block (ALBERT) is listed once per call
     gated = [architecture.gated_unit(block) for block in unique] if architecture.gated_unit is not None else []
+    gated = [unit for unit in gated if unit is not None]
     gates = {id(activation) for activation, _ in gated}
     halved = _second_half_halved if architecture.fused_gate else _halved
     hooks: list[tuple[nn.Module, Callable]] = [(up, halved) for _, up in gated]
+    experts = [architecture.gated_experts(block) for block in unique] if architecture.gated_experts is not None else []
+    hooks += [(module, _halved) for unit in experts if unit is not None for module in unit[1:]]
     held = [m for block in unique for m in architecture.held_constant(block)] if architecture.held_constant else []
     hooks += [(module, _held) for module in held]
     for module in model.modules():
