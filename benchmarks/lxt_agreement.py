@@ -24,14 +24,18 @@ efficient mode, whose patch maps cover Llama, Qwen2, Qwen3, Qwen3-MoE, Gemma 3 a
   ``experts_forward`` (its halving of the weighted expert output undone), which is the rule
   ``captum_attnflow`` chooses: LXT gives the routing weights half of each expert's relevance.
 
-Build LXT's environment once (apart from the project's; LXT is not a dependency)::
+Build LXT's environment once, apart from the project's (LXT is not a dependency): the same
+torch and transformers as the project's environment, LXT's PyPI release for its other
+dependencies, and LXT's GitHub HEAD first on the path::
 
     python -m venv /work/lxt-venv
-    /work/lxt-venv/bin/pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
-    /work/lxt-venv/bin/pip install lxt==2.1 transformers==5.24.0   # LXT's dependencies
-    /work/lxt-venv/bin/pip uninstall -y torchvision open_clip_torch  # and any CUDA torch it pulled:
-    /work/lxt-venv/bin/pip install --force-reinstall --no-deps torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
-    git clone https://github.com/rachtibat/LRP-eXplains-Transformers /work/lxt-head   # HEAD, first on PYTHONPATH
+    /work/lxt-venv/bin/pip install <the CPU build of torch 2.13.0>
+    /work/lxt-venv/bin/pip install lxt==2.1 transformers==5.24.0 safetensors
+    # lxt pulls torchvision, open_clip_torch and a CUDA torch: remove them (and the nvidia-* and
+    # triton packages), then reinstall the CPU torch with --no-deps
+    /work/lxt-venv/bin/pip uninstall -y torch torchvision open_clip_torch
+    /work/lxt-venv/bin/pip install --no-deps <the CPU build of torch 2.13.0>
+    git clone https://github.com/rachtibat/LRP-eXplains-Transformers /work/lxt-head
 
 Run from the project's environment (not part of the test command)::
 
