@@ -99,12 +99,10 @@ def _percent(shares: dict[str, torch.Tensor]) -> list[str]:
 
 def _pretrained_rows() -> list[str]:
     rows = []
-    model, tokenizer = load_agreement_model()
     prompts = ["the keys to the cabinet", "the key to the cabinets", "the authors near the senator", "the dog"]
-    for name, (model, tokenizer), what in (
-        ("bundled agreement classifier", (model, tokenizer), "predicted class"),
-        ("bundled agreement language model", load_agreement_lm(), "predicted next token"),
-    ):
+    for name, load, what in (("bundled agreement classifier", load_agreement_model, "predicted class"),
+                             ("bundled agreement language model", load_agreement_lm, "predicted next token")):
+        model, tokenizer = load()
         batch = tokenizer(prompts, padding=True, return_tensors="pt")
         shares = AttnLRP(model.double()).shares(batch)
         rows.append(f"| {name} | trained (GPT-2 blocks), {what}, 4 prompts | " + " | ".join(_percent(shares)) + " |")
