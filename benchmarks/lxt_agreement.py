@@ -11,7 +11,8 @@ README does. The script prints, per family, how LXT's rules were applied and
 How LXT's rules are applied (LXT at its GitHub HEAD runs on transformers 5 only through its
 efficient mode, whose patch maps cover Llama, Qwen2, Qwen3, Qwen3-MoE, Gemma 3 and GPT-2):
 
-* **shipped**: ``lxt.efficient.monkey_patch(modeling_X)`` with LXT's own patch map.
+* **shipped**: ``lxt.efficient.monkey_patch(modeling_X)`` with LXT's own patch map, where its
+  default map has the family's modeling module.
 * **composed**: LXT ships no efficient patch for the family that runs on transformers 5 (its
   BERT patch and its explicit-mode Mixtral, Phi-3 and BERT are transformers 4 copies that no
   longer import; its ViT is torchvision's, under CP-LRP), so the script patches the family's
@@ -37,6 +38,10 @@ dependencies, and LXT's GitHub HEAD first on the path::
     /work/lxt-venv/bin/pip install --no-deps <the CPU build of torch 2.13.0>
     git clone https://github.com/rachtibat/LRP-eXplains-Transformers /work/lxt-head
 
+LXT's PyPI release on transformers 4.57 runs too, with its own BERT patch (``--lxt-python`` at
+that environment; its ``lxt/efficient/models/__init__.py`` imports torchvision for its ViT
+patch, which a CPU torch without torchvision needs removed).
+
 Run from the project's environment (not part of the test command)::
 
     python benchmarks/lxt_agreement.py [--lxt-python /work/lxt-venv/bin/python] [--lxt-path /work/lxt-head]
@@ -57,27 +62,26 @@ from pathlib import Path
 
 import torch
 import transformers
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 _DECODER = dict(vocab_size=60, hidden_size=32, num_attention_heads=4, intermediate_size=64, num_hidden_layers=2,
                 max_position_embeddings=64, initializer_range=0.2, pad_token_id=0, bos_token_id=0, eos_token_id=0)
 _GROUPED = dict(num_key_value_heads=2, head_dim=8)
-# model_type -> (config overrides, head, how LXT's rules are applied)
-FAMILIES: dict[str, tuple[dict, str, str]] = {
-    "llama": (_GROUPED, "causal", "shipped"),
-    "qwen2": (dict(num_key_value_heads=2), "causal", "shipped"),
-    "qwen3": (dict(use_sliding_window=True, sliding_window=4, max_window_layers=1, **_GROUPED), "causal", "shipped"),
+# model_type -> (config overrides, head)
+FAMILIES: dict[str, tuple[dict, str]] = {
+    "llama": (_GROUPED, "causal"),
+    "qwen2": (dict(num_key_value_heads=2), "causal"),
+    "qwen3": (dict(use_sliding_window=True, sliding_window=4, max_window_layers=1, **_GROUPED), "causal"),
     "qwen3_moe": (dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
-                       mlp_only_layers=[0], **_GROUPED), "causal", "shipped"),
-    "gemma3_text": (dict(sliding_window=4, layer_types=["sliding_attention", "full_attention"], **_GROUPED),
-                    "causal", "shipped"),
-    "gpt2": (dict(n_embd=32, n_head=4, n_layer=2, n_positions=64), "causal", "shipped"),
-    "mixtral": (dict(num_key_value_heads=2, sliding_window=4, num_local_experts=4, num_experts_per_tok=2),
-                "causal", "composed"),
-    "phi3": (dict(num_key_value_heads=2, sliding_window=4), "causal", "composed"),
-    "opt": (dict(ffn_dim=64, word_embed_proj_dim=32, init_std=0.2), "causal", "composed"),
-    "bert": ({}, "classifier", "composed"),
-    "vit": (dict(image_size=16, patch_size=8, num_channels=3), "vision", "composed"),
+                       mlp_only_layers=[0], **_GROUPED), "causal"),
+    "gemma3_text": (dict(sliding_window=4, layer_types=["sliding_attention", "full_attention"], **_GROUPED), "causal"),
+    "gpt2": (dict(n_embd=32, n_head=4, n_layer=2, n_positions=64), "causal"),
+    "mixtral": (dict(num_key_value_heads=2, sliding_window=4, num_local_experts=4, num_experts_per_tok=2), "causal"),
+    "phi3": (dict(num_key_value_heads=2, sliding_window=4), "causal"),
+    "opt": (dict(ffn_dim=64, word_embed_proj_dim=32, init_std=0.2), "causal"),
+    "bert": ({}, "classifier"),
+    "vit": (dict(image_size=16, patch_size=8, num_channels=3), "vision"),
 }
 MIXTURES = {"qwen3_moe", "mixtral"}
 _TARGETS = [7, 23]
@@ -85,7 +89,7 @@ _TARGETS = [7, 23]
 
 def build(model_type: str, directory: Path) -> None:
     """The tiny float64 model of ``model_type`` and its inputs, saved in ``directory``."""
-    overrides, head, _ = FAMILIES[model_type]
+    overrides, head = FAMILIES[model_type]
     torch.manual_seed(0)
     if head == "vision":
         config = transformers.AutoConfig.for_model(model_type, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -159,11 +163,12 @@ class _Doubled(torch.autograd.Function):
         return 2 * gradient
 
 
-def _patch_lxt(model_type: str, router_held: bool) -> None:
+def _patch_lxt(model_type: str, router_held: bool) -> str:
+    """LXT's rules on the family's classes; returns "shipped" (LXT's own patch map) or "composed"."""
     from functools import partial
 
     from lxt.efficient import monkey_patch
-    from lxt.efficient.models.qwen3_moe import experts_forward
+    from lxt.efficient.models import DEFAULT_MAP
     from lxt.efficient.patches import (
         dropout_forward,
         layer_norm_forward,
@@ -175,7 +180,10 @@ def _patch_lxt(model_type: str, router_held: bool) -> None:
     from lxt.efficient.rules import divide_gradient, identity_rule_implicit
 
     modeling = _modeling(model_type)
-    if FAMILIES[model_type][2] == "shipped":
+    how = "shipped" if modeling in DEFAULT_MAP else "composed"
+    if model_type in MIXTURES:
+        from lxt.efficient.models.qwen3_moe import experts_forward
+    if how == "shipped":
         monkey_patch(modeling)
     else:
         patch_map = {torch.nn.Dropout: partial(patch_method, dropout_forward), modeling: patch_attention}
@@ -202,11 +210,12 @@ def _patch_lxt(model_type: str, router_held: bool) -> None:
             return _Doubled.apply(experts_forward(self, hidden_states, top_k_index, top_k_weights.detach()))
 
         experts.forward = held
+    return how
 
 
 def lxt(model_type: str, directory: Path, router_held: bool) -> None:
     """LXT's relevance of every token, written to ``directory/lxt.safetensors``."""
-    _patch_lxt(model_type, router_held)
+    how = _patch_lxt(model_type, router_held)
     model, inputs = _load(model_type, directory), load_file(directory / "inputs.safetensors")
     for parameter in model.parameters():
         parameter.requires_grad_(False)
@@ -229,24 +238,27 @@ def lxt(model_type: str, directory: Path, router_held: bool) -> None:
         tokens = torch.cat([embeddings.cls_token.expand(2, 1, -1), kept["patches"]], 1)
     else:  # LXT's README: the input embeddings as inputs_embeds, relevance = embedding x gradient
         tokens = model.get_input_embeddings()(inputs["input_ids"]).detach().requires_grad_()
-        output = model(inputs_embeds=tokens, attention_mask=inputs["attention_mask"], use_cache=False).logits
+        extra = dict(use_cache=False) if FAMILIES[model_type][1] == "causal" else {}
+        output = model(inputs_embeds=tokens, attention_mask=inputs["attention_mask"], **extra).logits
         (gradient,) = torch.autograd.grad(_explained(model_type, output, inputs).sum(), tokens)
     relevance = (tokens * gradient).sum(-1).detach()
     if "attention_mask" in inputs:
         relevance = relevance * inputs["attention_mask"]
-    save_file({"relevance": relevance.contiguous()}, directory / "lxt.safetensors")
+    save_file({"relevance": relevance.contiguous()}, directory / "lxt.safetensors", metadata={"rules": how})
 
 
 # ---------------------------------------------------------------- driver
 
 
-def _run_lxt(arguments, model_type: str, directory: Path, router_held: bool) -> torch.Tensor | str:
+def _run_lxt(arguments, model_type: str, directory: Path, router_held: bool) -> tuple[torch.Tensor | None, str]:
+    """LXT's relevance and how its rules were applied, or None and the error that stopped it."""
     environment = {**os.environ, "PYTHONPATH": arguments.lxt_path}
     command = [arguments.lxt_python, __file__, "--in-lxt", model_type, str(directory)] + (["--router-held"] if router_held else [])
     done = subprocess.run(command, env=environment, capture_output=True, text=True)
     if done.returncode != 0:
-        return done.stderr.strip().splitlines()[-1]
-    return load_file(directory / "lxt.safetensors")["relevance"]
+        return None, "fails: " + done.stderr.strip().splitlines()[-1]
+    with safe_open(directory / "lxt.safetensors", "pt") as saved:
+        return saved.get_tensor("relevance"), saved.metadata()["rules"]
 
 
 def main() -> None:
@@ -275,10 +287,10 @@ def main() -> None:
             build(model_type, directory)
             relevance = ours(model_type, directory)
             for router_held in ([False, True] if model_type in MIXTURES else [False]):
-                theirs = _run_lxt(arguments, model_type, directory, router_held)
-                how = FAMILIES[model_type][2] + (", router held" if router_held else "")
-                if isinstance(theirs, str):
-                    print(f"| {model_type} | {how} | fails: {theirs} | | |")
+                theirs, how = _run_lxt(arguments, model_type, directory, router_held)
+                how += ", router held" if router_held else ""
+                if theirs is None:
+                    print(f"| {model_type} | {how} | | | |")
                     continue
                 scale = float(theirs.abs().max())
                 difference = float((relevance - theirs).abs().max())
