@@ -52,11 +52,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import os
 import platform
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
