@@ -367,9 +367,9 @@ def _embedding_hooks(model: nn.Module, architecture: Architecture, run: LRPRun) 
     return [embedding.register_forward_hook(keep_patches), owner.register_forward_hook(sequence_leaf)]
 
 
-def _share_hooks(model: nn.Module, run: LRPRun) -> list[Any]:
+def _share_hooks(model: nn.Module, run: LRPRun, batch: int) -> list[Any]:
     """Hooks recording, for :meth:`LRPRun.shares`, the other embedding tables' outputs (as leaves,
-    one row per example) and the output of every layer with a bias.
+    one row per example of the ``batch``) and the output of every layer with a bias.
 
     Raises:
         ValueError: a layer with a bias other than a linear layer or a LayerNorm (whose bias is not
@@ -378,16 +378,15 @@ def _share_hooks(model: nn.Module, run: LRPRun) -> list[Any]:
     inside = {id(m) for m in input_embeddings(model).modules()}
 
     def other(module: nn.Module, args: tuple, output: Tensor) -> Tensor:
-        batch = run.tokens.shape[0] if run.tokens is not None else output.shape[0]
         leaf = output.detach().expand(batch, *output.shape[1:]).clone().requires_grad_()  # a row per example
         run.others.append(leaf)
         return leaf
 
     def biased(module: nn.Module, args: tuple, output: Tensor) -> None:
-        if run.tokens is not None and output.shape[0] % run.tokens.shape[0]:
+        if output.shape[0] % batch:
             raise ValueError(
                 f"AttnLRP's shares need each layer's output with the batch first (or batch and tokens flattened, "
-                f"batch first); {type(module).__name__} returned {tuple(output.shape)} for a batch of {run.tokens.shape[0]}."
+                f"batch first); {type(module).__name__} returned {tuple(output.shape)} for a batch of {batch}."
             )
         run.biased.append((output, module.bias.detach()))
 
@@ -456,7 +455,7 @@ def attnlrp_forward(
     run.attention = ALL_ATTENTION_FUNCTIONS.get(model.config._attn_implementation, sdpa_attention_forward)
     register_attention(_NAME, _attnlrp_attention, sdpa_mask)  # the masks sdpa gets: bool, or None to skip
     with unchanged(module), _rules(model, architecture, blocks, run), implementation(module, _NAME):
-        handles = _share_hooks(model, run) if shares else []
+        handles = _share_hooks(model, run, inputs.shape[0]) if shares else []
         try:
             with torch.enable_grad():
                 run.output = forward_func(inputs, *args, **kwargs)
