@@ -21,6 +21,9 @@ FAMILIES = {
     "phi3": dict(num_key_value_heads=2, sliding_window=4),
     "gpt_neox": dict(rotary_pct=0.5),
     "mixtral": dict(num_key_value_heads=2, sliding_window=4, num_local_experts=4, num_experts_per_tok=2),
+    # a dense gated layer, then a mixture; every layer through the window
+    "qwen3_moe": dict(use_sliding_window=True, sliding_window=4, num_experts=4, num_experts_per_tok=2,
+                      moe_intermediate_size=32, norm_topk_prob=True, mlp_only_layers=[0], **_GROUPED),
     "gemma2": dict(sliding_window=4, attn_logit_softcapping=2.0, final_logit_softcapping=3.0, query_pre_attn_scalar=1,
                    **_GROUPED),
     "gemma3_text": dict(sliding_window=4, layer_types=["sliding_attention", "full_attention"], **_GROUPED),
@@ -31,7 +34,7 @@ FAMILIES = {
     "electra": dict(embedding_size=16),
     "albert": dict(embedding_size=16),
 }
-DECODERS = {"qwen3", "olmo2", "phi3", "gpt_neox", "mixtral", "gemma2", "gemma3_text", "opt", "gptj"}
+DECODERS = {"qwen3", "qwen3_moe", "olmo2", "phi3", "gpt_neox", "mixtral", "gemma2", "gemma3_text", "opt", "gptj"}
 
 
 def family_config(model_type: str, **overrides) -> transformers.PretrainedConfig:

@@ -35,13 +35,14 @@ import math
 import torch
 
 POST_LN = {"bert", "roberta", "distilbert", "electra"}
-CAUSAL = {"gpt2", "llama", "qwen3", "mixtral", "clip_text_model", "gemma2", "gemma3_text", "olmo2"}
+CAUSAL = {"gpt2", "llama", "qwen3", "qwen3_moe", "mixtral", "clip_text_model", "gemma2", "gemma3_text", "olmo2"}
 KINDS = {
     "bert": "bert",
     "roberta": "bert",
     "electra": "bert",
     "qwen3": "llama",  # with RMSNorm on each head's queries and keys
     "mixtral": "llama",  # with the mixture of experts as its feed-forward
+    "qwen3_moe": "llama",  # query and key norms, and a mixture of experts on some layers
     "gemma2": "post_norm",
     "gemma3_text": "post_norm",
     "olmo2": "post_norm",

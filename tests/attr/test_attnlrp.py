@@ -80,10 +80,12 @@ def test_matches_explicit_relevance_propagation(kind, side):
         position = None if encoder else torch.where(mask.bool(), torch.arange(7), -1).amax(1)
         target = target if encoder else torch.tensor([5, 17, 42])
     expected, ledgers = attnlrp_reference(model, inputs, target, mask, position)
-    ours = AttnLRP(model.double()).attribute(inputs.double() if kind == "vit" else inputs, target=target, attention_mask=mask)
+    inputs = inputs.double() if kind == "vit" else inputs
+    ours = AttnLRP(model.double()).attribute(inputs, target=target, attention_mask=mask)
     assert ours.shape == expected.shape  # ViT: [CLS] and the 4 patches
     torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5)
-    for ledger in ledgers:
+    shares = AttnLRP(model).shares(inputs, target=target, attention_mask=mask)
+    for b, ledger in enumerate(ledgers):
         # The tokens, the position and token-type embeddings, the biases and the softmax
         # linearisation share the logit exactly; each share is booked by its own rule.
         parts = ledger["token"] + ledger["other"] + ledger["bias"] + ledger["softmax"]
@@ -91,6 +93,40 @@ def test_matches_explicit_relevance_propagation(kind, side):
         assert abs(ledger["softmax"]) > 1e-3
         assert (abs(ledger["bias"]) > 1e-3) == (kind != "llama")
         assert (abs(ledger["other"]) > 1e-3) == (kind in ("bert", "roberta", "gpt2", "vit"))
+        # the shares read from the rules' gradients are the reference's books
+        ours_ledger = [float(shares[name][b]) for name in ("score", "tokens", "other_embeddings", "biases", "softmax")]
+        books = [ledger[name] for name in ("logit", "token", "other", "bias", "softmax")]
+        assert ours_ledger == pytest.approx(books, abs=1e-5)
+
+
+def test_shares_per_position_and_padding_side():
+    """Each explained position's tokens share is the sum of its relevance row; a left-padded batch
+    books what the right-padded one books; a bias the shares cannot book is named."""
+    model = _model("gpt2").double()
+    ids, mask = padded_batch(batch=3, n=7)
+    left_ids, left_mask = _left(ids, mask)
+    shares = AttnLRP(model).shares(ids, target=[[5, 9], [17, 3], [42, 8]], attention_mask=mask, position=[0, 1])
+    rows = AttnLRP(model).attribute(ids, target=[[5, 9], [17, 3], [42, 8]], attention_mask=mask, position=[0, 1])
+    assert shares["tokens"].shape == (3, 2)
+    torch.testing.assert_close(shares["tokens"], rows.sum(-1), atol=1e-12, rtol=0)
+    right = AttnLRP(model).shares(ids, target=[5, 17, 42], attention_mask=mask)
+    left = AttnLRP(model).shares(left_ids, target=[5, 17, 42], attention_mask=left_mask)
+    for name in right:
+        torch.testing.assert_close(left[name], right[name], atol=1e-10, rtol=0)
+
+    class Shift(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bias = torch.nn.Parameter(torch.full((32,), 0.1, dtype=torch.float64))
+
+        def forward(self, x):
+            return x + self.bias
+
+    model.transformer.h[0].mlp.dropout = Shift()
+    before = model_state(model)
+    with pytest.raises(ValueError, match="Shift has a bias"):
+        AttnLRP(model).shares(ids, target=[5, 17, 42], attention_mask=mask)
+    assert model_state(model) == before
 
 
 def test_float32_model_with_its_own_attention_matches_float64():

@@ -29,8 +29,10 @@ from helpers import model_state
 # reference attends to every earlier token); Mixtral's experts in their own loop, which runs in
 # float64 (grouped_mm does not).
 REFERENCED = {"electra": {}, "qwen3": dict(use_sliding_window=False),
-              "mixtral": dict(sliding_window=None, experts_implementation="eager")}
-TABLE_FAMILIES = ["albert", "electra", "gpt_neox", "gptj", "mixtral", "modernbert", "opt", "phi3", "qwen3"]
+              "mixtral": dict(sliding_window=None, experts_implementation="eager"),
+              "qwen3_moe": dict(use_sliding_window=False, experts_implementation="eager")}
+TABLE_FAMILIES = ["albert", "electra", "gpt_neox", "gptj", "mixtral", "modernbert", "opt", "phi3", "qwen3", "qwen3_moe"]
+MIXTURES = ("mixtral", "qwen3_moe")
 DEFAULT_RUN = {"phi3"}  # fused projections; the rest of the matrix is marked slow
 
 
@@ -60,12 +62,12 @@ METHODS = {"alti": (alti_maps, alti_reference), "value_zeroing": (value_zeroing_
 
 def _cases(model_types, methods, value_zeroing_default: str) -> list:
     """(model_type, maps_of, reference) for each pair; value zeroing (its reference reruns each
-    layer once per token in float64) in the default run on ``value_zeroing_default`` only; Mixtral
-    (its experts in a float64 loop) slow."""
+    layer once per token in float64) in the default run on ``value_zeroing_default`` only; the
+    mixtures (their experts in a float64 loop) slow."""
     cases = []
     for model_type in model_types:
         for name in methods:
-            slow = (name == "value_zeroing" and model_type != value_zeroing_default) or model_type == "mixtral"
+            slow = (name == "value_zeroing" and model_type != value_zeroing_default) or model_type in MIXTURES
             cases.append(pytest.param(model_type, *METHODS[name], id=f"{name}-{model_type}",
                                       marks=[pytest.mark.slow] if slow else []))
     return cases
@@ -135,13 +137,13 @@ def _zero_values(model: torch.nn.Module, model_type: str) -> None:
                 module.v_proj.weight.zero_()
 
 
-@pytest.mark.parametrize("model_type", ["qwen3", "mixtral", "phi3", "modernbert"])
+@pytest.mark.parametrize("model_type", ["qwen3", "mixtral", "qwen3_moe", "phi3", "modernbert"])
 def test_attnlrp_gives_the_tokens_all_of_the_logit_when_nothing_else_can_take_it(model_type):
     """Bias-free families without position embeddings whose attention writes nothing: the norms'
-    identity rule, the fused gate's uniform rule (Phi-3, ModernBERT) and the router and expert
-    gates held constant (Mixtral) conserve relevance, so the tokens share the logit exactly (a
-    gate rule that halved both halves or neither would not). With the values back, the softmax
-    linearisation takes a share."""
+    identity rule, the fused gate's uniform rule (Phi-3, ModernBERT), the router held constant and
+    the experts' gated products by the uniform rule (Mixtral, Qwen3-MoE with a dense layer and a
+    mixture) conserve relevance, so the tokens share the logit exactly (a gate rule that halved
+    both halves or neither would not). With the values back, the softmax linearisation takes a share."""
     model = _model(model_type).double()
     ids, mask = family_inputs("none", batch=1)
     decoder = model_type in DECODERS
@@ -155,6 +157,58 @@ def test_attnlrp_gives_the_tokens_all_of_the_logit_when_nothing_else_can_take_it
     # float64 but for the RMS norms, which these families compute in float32
     assert float(relevance.sum()) == pytest.approx(float(logit), rel=1e-6)
     assert float(with_attention.sum()) != pytest.approx(float(logit), abs=1e-3)
+
+
+def _one_expert_and_its_dense_twin(model_type: str) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """A mixture with one expert (its routing weight is 1) and the dense model of the same weights
+    (Llama for Mixtral, Qwen3 for Qwen3-MoE), float64."""
+    common = dict(vocab_size=60, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                  intermediate_size=64, num_hidden_layers=2, initializer_range=0.2, rms_norm_eps=1e-6,
+                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    experts = dict(num_local_experts=1) if model_type == "mixtral" else dict(num_experts=1, moe_intermediate_size=64)
+    torch.manual_seed(0)
+    config = transformers.AutoConfig.for_model(model_type, num_experts_per_tok=1, experts_implementation="eager",
+                                               **experts, **common)
+    mixture = transformers.AutoModelForCausalLM.from_config(config).double().eval()
+    dense_config = transformers.AutoConfig.for_model("llama" if model_type == "mixtral" else "qwen3", **common)
+    dense = transformers.AutoModelForCausalLM.from_config(dense_config).double().eval()
+    weights = mixture.state_dict()
+    for name in dense.state_dict():
+        if ".mlp." in name:
+            layer, part = name.split(".mlp.")
+            gate_up, down = weights[f"{layer}.mlp.experts.gate_up_proj"][0], weights[f"{layer}.mlp.experts.down_proj"][0]
+            half = gate_up.shape[0] // 2
+            weights[name] = {"gate_proj.weight": gate_up[:half], "up_proj.weight": gate_up[half:], "down_proj.weight": down}[part]
+    dense.load_state_dict({name: weights[name] for name in dense.state_dict()})
+    return mixture, dense
+
+
+@pytest.mark.parametrize("model_type", MIXTURES)
+def test_attnlrp_on_one_expert_is_attnlrp_on_the_dense_twin(model_type):
+    """With one expert a mixture computes a dense gated feed-forward, so AttnLRP (the experts'
+    product by the uniform rule) gives what it gives on the dense model of the same weights (Llama,
+    Qwen3: tested against the float64 reference). Holding the gate of the product instead (all
+    its relevance to the up projection) misses by about the largest relevance here."""
+    mixture, dense = _one_expert_and_its_dense_twin(model_type)
+    ids = torch.randint(5, 60, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(mixture(ids).logits, dense(ids).logits, atol=1e-12, rtol=0)
+    ours, twin = AttnLRP(mixture).attribute(ids, target=7), AttnLRP(dense).attribute(ids, target=7)
+    torch.testing.assert_close(ours, twin, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("model_type", MIXTURES)
+def test_attnlrp_is_the_same_for_every_experts_implementation(model_type):
+    """transformers runs the experts as a loop (eager) or as batched or grouped matrix products;
+    the rule reaches the activation and the experts' output in each."""
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(family_config(model_type, experts_implementation="eager")).eval()
+    ids, mask = family_inputs("right")
+    expected = AttnLRP(model).attribute(ids, target=[3, 9, 27], attention_mask=mask)
+    for implementation in ("batched_mm", "grouped_mm"):
+        model.set_experts_implementation(implementation)
+        ours = AttnLRP(model).attribute(ids, target=[3, 9, 27], attention_mask=mask)
+        torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-4)
 
 
 # Families whose attention runs outside transformers' interface (relative positions, ALiBi).

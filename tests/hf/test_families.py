@@ -21,7 +21,7 @@ REPRESENTATIVE = {"gemma2", "modernbert", "qwen3"}
 FAMILY_TYPES = [t if t in REPRESENTATIVE else pytest.param(t, marks=pytest.mark.slow) for t in sorted(FAMILIES)]
 # The layers that attend through a sliding window smaller than the 9 tokens, and the window:
 # query i sees key j only where |i - j| < window (ModernBERT's window is two-sided).
-SLIDING = {"qwen3": ((1,), 4), "phi3": ((0, 1), 4), "mixtral": ((0, 1), 4), "gemma2": ((0,), 4),
+SLIDING = {"qwen3": ((1,), 4), "qwen3_moe": ((0, 1), 4), "phi3": ((0, 1), 4), "mixtral": ((0, 1), 4), "gemma2": ((0,), 4),
            "gemma3_text": ((0,), 4), "modernbert": ((1,), 3)}
 ENCODERS = ("albert", "electra", "modernbert")
 

@@ -35,9 +35,12 @@ _ARGS_DOC += _TARGET_DOC + """
                 Each position explains its own logit; for a classifier's (B, C) scores every
                 position gives the same row.
             layer: accepted for the common call of the attention methods: AttnLRP explains
-                the model's output, so only -1 (the last layer) or None is accepted.
+                the model's output, so only -1 (the last layer) or None is accepted."""
+_MASK_DOC = """
             attention_mask (Tensor, optional): (B, n), 1 on real tokens, 0 on padding (either
-                side); padding gets relevance 0. Passed to a Hugging Face model as ``attention_mask``.""" + _PROGRESS_DOC + "\n"
+                side); padding gets relevance 0. Passed to a Hugging Face model as ``attention_mask``."""
+_SHARES_DOC = _ARGS_DOC.split("\n            layer:")[0] + _MASK_DOC + "\n"
+_ARGS_DOC += _MASK_DOC + _PROGRESS_DOC + "\n"
 
 
 class AttnLRP(AttentionAttribution, GradientAttribution):
@@ -66,11 +69,12 @@ class AttnLRP(AttentionAttribution, GradientAttribution):
     Relevance is conserved layer by layer except for what biases keep, what the softmax
     linearisation loses (:math:`\\sum_j s_j(R_{A,j} - A_j \\sum R_A) \\ne \\sum R_A`) and, at
     the input, the position and token-type embeddings' share; so :math:`\\sum_j R_j` differs from
-    :math:`y_t` by those terms. Scores are signed and not normalised. On the bundled agreement
-    language model, 44% of the explained logit reaches the tokens (positions 14%, biases 11%,
-    softmax linearisation 31%). On tiny float64 Llama (grouped-query) and GPT-2 models it agrees
-    with the authors' implementation (LXT 2.1, efficient mode, transformers 4.57) to 3e-8 and
-    5e-10, float rounding.
+    :math:`y_t` by those terms (:meth:`shares` books each). Scores are signed and not
+    normalised. On the bundled agreement language model, 50% of the explained logit reaches the
+    tokens (positions 9%, biases 13%, softmax linearisation 29%). On tiny float64 models of
+    eleven families it agrees with the authors' implementation (LXT's efficient mode on
+    transformers 5) to float rounding, 1e-10 to 3e-7 of the largest relevance, but for the
+    mixtures' routers, which are held constant here (``benchmarks/lxt_agreement.py``).
 
     The model runs with its own layers and forward values (each rule changes a gradient only);
     the rules come from transformers' attention-function interface and the architecture table
@@ -123,8 +127,25 @@ class AttnLRP(AttentionAttribution, GradientAttribution):
             raise ValueError(
                 f"AttnLRP explains the model's output, not a layer's representation: pass layer=-1 or None, got {layer!r}."
             )
+        inputs, run, mask, sources, has_axis, scores = self._scores(inputs, target, additional_forward_args, position,
+                                                                    attention_mask, contrast, shares=False)
+        batch, n = mask.shape
+        rows = []
+        with torch.enable_grad(), progress_bar(show_progress, inputs, "AttnLRP", "backward", scores.shape[1]) as bar:
+            for s in range(scores.shape[1]):
+                rows.append(run.relevance(scores[:, s], retain_graph=s < scores.shape[1] - 1))
+                bar.update()
+        result = torch.stack(rows, 1).expand(batch, sources.shape[1], n) * mask[:, None]
+        result = result.to(torch.promote_types(result.dtype, torch.float32))
+        return as_returned(result, has_axis, inputs)
+
+    def _scores(self, inputs: Any, target: Any, additional_forward_args: Any, position: Any, attention_mask: Any,
+                contrast: Any, shares: bool) -> tuple[Tensor, Any, Tensor, Tensor, bool, Tensor]:
+        """One forward pass under the rules: the checked inputs, the run, the (B, n) mask, the (B, S) explained
+        positions, whether they have an axis, and the (B, S') scores in the graph (S' = 1 for a
+        classifier, whose score is the same for every position)."""
         inputs, args, attention_mask, _ = self._checked_inputs(inputs, additional_forward_args, attention_mask)
-        run = attnlrp_forward(self.forward_func, inputs, args, attention_mask)
+        run = attnlrp_forward(self.forward_func, inputs, args, attention_mask, shares=shares)
         batch, n = run.tokens.shape[:2]
         mask = as_mask(attention_mask, batch, n, run.tokens.device)
         sources, has_axis = explained_positions(position, mask, lambda: run.causal)
@@ -132,12 +153,47 @@ class AttnLRP(AttentionAttribution, GradientAttribution):
         # classifier's score is the same for all.
         count = sources.shape[1] if output_scores(run.output).dim() == 3 else 1
         with torch.enable_grad():  # scores selected in the graph also under a caller's torch.no_grad()
-            scores = target_scores(run.output, target, run.run_positions(sources), contrast)  # (B, S)
-            rows = []
-            with progress_bar(show_progress, inputs, "AttnLRP", "backward", count) as bar:
-                for s in range(count):
-                    rows.append(run.relevance(scores[:, s], retain_graph=s < count - 1))
-                    bar.update()
-        result = torch.stack(rows, 1).expand(batch, sources.shape[1], n) * mask[:, None]
-        result = result.to(torch.promote_types(result.dtype, torch.float32))
-        return as_returned(result, has_axis, inputs)
+            scores = target_scores(run.output, target, run.run_positions(sources), contrast)[:, :count]  # (B, S')
+        return inputs, run, mask, sources, has_axis, scores
+
+    @fill_docstring(args=_SHARES_DOC)
+    def shares(
+        self,
+        inputs: Tensor,
+        target: Any = None,
+        additional_forward_args: Any = None,
+        position: int | list[int] | Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        contrast: Any = None,
+    ) -> dict[str, Tensor]:
+        """Where the explained score goes under AttnLRP's rules: to the tokens (the sum of
+        :meth:`attribute`'s relevance), to the other embeddings (position, token type), to the
+        biases, or lost by the softmax linearisation; the four add up to the score.
+{args}
+        Returns:
+            dict: ``"score"``, ``"tokens"``, ``"other_embeddings"``, ``"biases"``, ``"softmax"``,
+            each (B,), or (B, S) for a list or (B, S) ``position``; float64.
+
+        Raises:
+            ValueError: a layer with a bias whose share is not its output's (only linear layers
+                and LayerNorms carry biases in the families of the architecture table).
+
+        Example::
+
+            >>> from captum_attnflow import AttnLRP, load_agreement_model
+            >>> model, tokenizer = load_agreement_model()
+            >>> ids = tokenizer(["the keys to the cabinet"], return_tensors="pt")["input_ids"]
+            >>> shares = AttnLRP(model).shares(ids, target=1)  # the plural class's logit
+            >>> {name: round(float(value), 2) for name, value in shares.items()}
+            {'score': 5.63, 'tokens': 0.74, 'other_embeddings': 0.39, 'biases': 0.09, 'softmax': 4.4}
+        """
+        _, run, mask, sources, has_axis, scores = self._scores(inputs, target, additional_forward_args, position,
+                                                               attention_mask, contrast, shares=True)
+        parts = []
+        with torch.enable_grad():
+            for s in range(scores.shape[1]):
+                parts.append({"score": scores[:, s].detach(),
+                              **run.shares(scores[:, s], retain_graph=s < scores.shape[1] - 1)})
+        result = {name: torch.stack([part[name] for part in parts], 1).double().expand(*sources.shape)
+                  for name in parts[0]}
+        return {name: value if has_axis else value[:, 0] for name, value in result.items()}

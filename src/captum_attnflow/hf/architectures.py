@@ -46,17 +46,23 @@ class Architecture:
             one layer run in one call.
         gated_unit: ``block -> (activation, up projection)`` of a gated feed-forward
             :math:`W_d(\\mathrm{act}(W_g x) \\odot W_u x)` (Llama-style), the two modules whose
-            outputs are multiplied; None where the feed-forward has no gate.
+            outputs are multiplied (None for a block without one, such as a mixture-of-experts
+            layer); None where the feed-forward has no gate.
         fused_gate: whether the up projection of ``gated_unit`` computes gate and up at once,
             its output the activated half then the multiplied half (Phi-3's ``gate_up_proj``,
             ModernBERT's ``Wi``): AttnLRP then halves only the second half's gradient.
         held_constant: ``block -> modules`` whose outputs AttnLRP holds constant (gradient 0):
             a mixture of experts' router, whose expert weights then scale each expert's output
-            as fixed coefficients (Mixtral), and the activation of a gated product no hook can
-            split (Mixtral's experts compute :math:`\\mathrm{act}(g) \\odot u` in one function: the
-            gate is held, its relevance goes to :math:`u`, the signal-take-all rule of Arras et
-            al., 2017). Value zeroing runs the block as it is (routed anew for each zeroed
-            token); ALTI and the attention norms do not read the feed-forward.
+            as fixed coefficients (Mixtral, Qwen3-MoE). Value zeroing runs the block as it is
+            (routed anew for each zeroed token); ALTI and the attention norms do not read the
+            feed-forward.
+        gated_experts: ``block -> (activation, experts)`` of a mixture of gated experts,
+            :math:`\\sum_e w_e W_{d,e}(\\mathrm{act}(W_{g,e} x) \\odot W_{u,e} x)` computed in one
+            module (Mixtral's, Qwen3-MoE's ``experts``), None for a block without one. The
+            product is inside a function no hook reaches, but all that follows it in the module
+            is linear (the down projections, the fixed weights :math:`w_e`, the sum): the identity
+            rule on the activation and the experts' output gradient halved give the product the
+            uniform rule, each factor half of the relevance, as the dense gated unit gets.
         attention_norm: ``block -> module`` applied token by token to the attention's output
             before the residual, :math:`y = x + N(a)` with N linear given token i's statistics,
             :math:`N(a_i) = s_i \\odot a_i` (Gemma 2/3's and OLMo 2's post-attention RMS norms,
@@ -87,6 +93,7 @@ class Architecture:
     lrp: bool = True
     fused_gate: bool = False
     held_constant: Callable[[nn.Module], tuple[nn.Module, ...]] | None = None
+    gated_experts: Callable[[nn.Module], tuple[nn.Module, nn.Module] | None] | None = None
     layer_order: Callable[[nn.Module], list[nn.Module]] | None = None
     function_activations: Callable[[nn.Module], list[tuple[nn.Module, nn.Module, Callable[[Tensor], Tensor]]]] | None = None
     attention_norm: Callable[[nn.Module], nn.Module] | None = None
@@ -222,7 +229,22 @@ _LLAMA = Architecture(
 )
 _MIXTRAL = Architecture(
     ("MixtralDecoderLayer",), lambda block: block.self_attn.o_proj, None, _mixtral_after,
-    held_constant=lambda block: (block.mlp.gate, block.mlp.experts.act_fn),
+    held_constant=lambda block: (block.mlp.gate,),
+    gated_experts=lambda block: (block.mlp.experts.act_fn, block.mlp.experts),
+)
+
+
+def _is_moe(block: nn.Module) -> bool:
+    """Whether a Qwen3-MoE layer's feed-forward is its mixture of experts (else a dense gated unit:
+    the layers of ``mlp_only_layers`` and off the ``decoder_sparse_step``)."""
+    return hasattr(block.mlp, "experts")
+
+
+_QWEN3_MOE = Architecture(
+    ("Qwen3MoeDecoderLayer",), lambda block: block.self_attn.o_proj, None, _mixtral_after,
+    gated_unit=lambda block: None if _is_moe(block) else (block.mlp.act_fn, block.mlp.up_proj),
+    held_constant=lambda block: (block.mlp.gate,) if _is_moe(block) else (),
+    gated_experts=lambda block: (block.mlp.experts.act_fn, block.mlp.experts) if _is_moe(block) else None,
 )
 _PHI3 = Architecture(
     ("Phi3DecoderLayer",), lambda block: block.self_attn.o_proj, None, _phi3_after,
@@ -281,6 +303,7 @@ ARCHITECTURES: dict[str, Architecture] = {
     "qwen2": _LLAMA,
     "qwen3": _LLAMA,
     "mixtral": _MIXTRAL,
+    "qwen3_moe": _QWEN3_MOE,
     "phi3": _PHI3,
     "olmo2": _OLMO2,
     "gemma2": _GEMMA2,
@@ -297,7 +320,9 @@ ARCHITECTURES: dict[str, Architecture] = {
 
 # Root-mean-square norms, :math:`y = w \odot x / \sqrt{\overline{x^2} + \epsilon}` with ``weight``
 # w and ``variance_epsilon`` (LayerNorms are ``nn.LayerNorm``).
-RMS_NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MixtralRMSNorm", "Phi3RMSNorm")
+RMS_NORMS = (
+    "LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "Qwen3MoeRMSNorm", "MixtralRMSNorm", "Phi3RMSNorm",
+)
 # RMS norms of other forms, :math:`y = w' \odot x / \sqrt{\overline{x^2} + \epsilon}` with
 # w' = 1 + w (Gemma) or w (OLMo 2): AttnLRP's identity rule on them is the ratio y / x.
 SCALED_RMS_NORMS = ("Gemma2RMSNorm", "Gemma3RMSNorm", "Olmo2RMSNorm")

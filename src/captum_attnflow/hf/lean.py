@@ -57,7 +57,7 @@ from captum_attnflow.hf.state import exclusive, implementation, register_attenti
 
 LEAN_MODEL_TYPES = frozenset(
     {"bert", "roberta", "xlm-roberta", "distilbert", "electra", "albert", "modernbert",
-     "gpt2", "gpt_neox", "gptj", "opt", "llama", "mistral", "mixtral", "qwen2", "qwen3", "olmo2", "phi3",
+     "gpt2", "gpt_neox", "gptj", "opt", "llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "olmo2", "phi3",
      "gemma2", "gemma3_text", "vit", "deit", "dinov2", "clip_text_model", "clip_vision_model", "siglip_text_model",
      "siglip_vision_model", "captum_attnflow_agreement"}
 )

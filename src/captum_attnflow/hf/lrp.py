@@ -20,7 +20,10 @@ forward values untouched (each rule returns the model's own output, only its gra
   :math:`1/\\sigma` held constant (LayerNorm's centring and both affine parts keep their gradient);
 * forward hooks on element-wise activations (GELU, SiLU, tanh, ...): the identity rule,
   gradient :math:`f(x)/x`; and on the two factors of a gated feed-forward (the architecture
-  table's ``gated_unit``), gradient scaled by 1/2: the uniform rule on :math:`\\mathrm{act}(g) \\odot u`.
+  table's ``gated_unit``), gradient scaled by 1/2: the uniform rule on :math:`\\mathrm{act}(g) \\odot u`
+  (a mixture's experts, whose product no hook reaches: the identity rule on the activation and
+  the experts' output gradient scaled by 1/2, the same rule since only linear maps follow the
+  product there).
 
 The relevance of token j is :math:`\\sum_d e_{jd} \\tilde\\nabla_{e_{jd}} y_t`, e the token
 embeddings (the input embedding layer's output; for a vision transformer the patch embeddings
@@ -32,7 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import torch
@@ -42,6 +45,7 @@ from transformers import PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.pytorch_utils import Conv1D
 
 from captum_attnflow.hf.architectures import RMS_NORMS, SCALED_RMS_NORMS, Architecture, architecture_of
 from captum_attnflow.hf.capture import in_run_order, real_tokens_first_call
@@ -75,6 +79,11 @@ class LRPRun:
         causal: whether the first attention layer was causal (each query sees only earlier keys).
         attended: whether an attention layer ran under the rules.
         attention: the attention function the model was loaded with (transformers' interface).
+        others: (B, ..., D) the outputs of the model's other embedding layers (position and
+            token-type tables), as leaves; recorded only for :meth:`shares`.
+        biased: ``(output (B, ..., D_out), bias (D_out,))`` of every call of a layer with a bias
+            (linear layers, LayerNorms), the output whose gradient is the bias's; recorded only
+            for :meth:`shares`.
     """
 
     output: Any = None
@@ -84,6 +93,8 @@ class LRPRun:
     causal: bool = False
     attended: bool = False
     attention: Callable[..., tuple[Tensor, Any]] = sdpa_attention_forward
+    others: list[Tensor] = field(default_factory=list)
+    biased: list[tuple[Tensor, Tensor]] = field(default_factory=list)
 
     def run_positions(self, positions: Tensor) -> Tensor:
         """(B, S) positions of the inputs, as positions in the run."""
@@ -95,6 +106,37 @@ class LRPRun:
         (gradient,) = torch.autograd.grad(score.sum(), self.embeddings, retain_graph=retain_graph)
         relevance = (self.tokens * gradient).sum(-1)
         return relevance if self.order is None else relevance.gather(1, self.order.argsort(-1))
+
+    def shares(self, score: Tensor, retain_graph: bool = False) -> dict[str, Tensor]:
+        """Where the relevance of ``score`` (B,) ends, one backward pass (a run made with
+        ``shares=True``): each (B,) tensor of
+
+        * ``"tokens"``: :math:`\\sum_j R_j`, the token embeddings' relevance;
+        * ``"other_embeddings"``: the position and token-type embeddings' (the other embedding
+          tables, a vision transformer's position embeddings);
+        * ``"biases"``: :math:`\\sum b \\cdot \\tilde\\nabla_b\\, y`, what the biases of the linear
+          layers and LayerNorms keep (the ε-rule at ε = 0 gives a bias its share of the output);
+        * ``"softmax"``: the rest of the score, what the softmax linearisation loses (every other
+          rule conserves).
+        """
+        biased = [output for output, _ in self.biased if output.requires_grad]
+        leaves = [self.embeddings, *self.others, *biased]
+        gradients = torch.autograd.grad(score.sum(), leaves, retain_graph=retain_graph, allow_unused=True)
+
+        def kept(value: Tensor, gradient: Tensor | None) -> Tensor:
+            if gradient is None:
+                return score.new_zeros(score.shape)
+            return (value * gradient).reshape(score.shape[0], -1).sum(1).to(score.dtype)  # rows flattened batch first
+
+        tokens = kept(self.tokens, gradients[0])
+        others = kept(self.embeddings.detach() - self.tokens, gradients[0])  # a vision transformer's positions
+        others = others + sum((kept(o.detach(), g) for o, g in zip(self.others, gradients[1:])), score.new_zeros(score.shape))
+        biases = [bias for output, bias in self.biased if output.requires_grad]
+        kept_by_biases = sum((kept(b, g) for b, g in zip(biases, gradients[1 + len(self.others) :])),
+                             score.new_zeros(score.shape))
+        score = score.detach()
+        return {"tokens": tokens, "other_embeddings": others, "biases": kept_by_biases,
+                "softmax": score - tokens - others - kept_by_biases}
 
 
 _CURRENT: contextvars.ContextVar[LRPRun | None] = contextvars.ContextVar("captum_attnflow_attnlrp", default=None)
@@ -244,9 +286,12 @@ def _rule_hooks(model: nn.Module, architecture: Architecture, blocks: list[nn.Mo
     """
     unique = list(dict.fromkeys(blocks))  # a shared block (ALBERT) is listed once per call
     gated = [architecture.gated_unit(block) for block in unique] if architecture.gated_unit is not None else []
+    gated = [unit for unit in gated if unit is not None]
     gates = {id(activation) for activation, _ in gated}
     halved = _second_half_halved if architecture.fused_gate else _halved
     hooks: list[tuple[nn.Module, Callable]] = [(up, halved) for _, up in gated]
+    experts = [architecture.gated_experts(block) for block in unique] if architecture.gated_experts is not None else []
+    hooks += [(module, _halved) for unit in experts if unit is not None for module in unit[1:]]
     held = [m for block in unique for m in architecture.held_constant(block)] if architecture.held_constant else []
     hooks += [(module, _held) for module in held]
     for module in model.modules():
@@ -322,11 +367,50 @@ def _embedding_hooks(model: nn.Module, architecture: Architecture, run: LRPRun) 
     return [embedding.register_forward_hook(keep_patches), owner.register_forward_hook(sequence_leaf)]
 
 
+def _share_hooks(model: nn.Module, run: LRPRun, batch: int) -> list[Any]:
+    """Hooks recording, for :meth:`LRPRun.shares`, the other embedding tables' outputs (as leaves,
+    one row per example of the ``batch``) and the output of every layer with a bias.
+
+    Raises:
+        ValueError: a layer with a bias other than a linear layer or a LayerNorm (whose bias is not
+            simply added to its output), outside the token embeddings.
+    """
+    inside = {id(m) for m in input_embeddings(model).modules()}
+
+    def other(module: nn.Module, args: tuple, output: Tensor) -> Tensor:
+        leaf = output.detach().expand(batch, *output.shape[1:]).clone().requires_grad_()  # a row per example
+        run.others.append(leaf)
+        return leaf
+
+    def biased(module: nn.Module, args: tuple, output: Tensor) -> None:
+        if output.shape[0] % batch:
+            raise ValueError(
+                f"AttnLRP's shares need each layer's output with the batch first (or batch and tokens flattened, "
+                f"batch first); {type(module).__name__} returned {tuple(output.shape)} for a batch of {batch}."
+            )
+        run.biased.append((output, module.bias.detach()))
+
+    outside = [module for module in model.modules() if id(module) not in inside]
+    with_bias = [module for module in outside if isinstance(getattr(module, "bias", None), Tensor)]
+    for module in with_bias:
+        if not isinstance(module, (nn.Linear, Conv1D, nn.LayerNorm)):
+            raise ValueError(
+                f"AttnLRP's shares book the biases of linear layers and LayerNorms; the model's "
+                f"{type(module).__name__} has a bias whose share is not its output's."
+            )
+    handles = [module.register_forward_hook(other) for module in outside if isinstance(module, nn.Embedding)]
+    # a linear layer's own output (before a rule that scales its gradient, which the bias shares);
+    # a LayerNorm's after its rule, whose output is the one in the graph
+    handles += [module.register_forward_hook(biased, prepend=not isinstance(module, nn.LayerNorm)) for module in with_bias]
+    return handles
+
+
 def attnlrp_forward(
     forward_func: Callable[..., Any],
     inputs: Tensor,
     additional_forward_args: Any = None,
     attention_mask: Tensor | None = None,
+    shares: bool = False,
 ) -> LRPRun:
     """Run ``forward_func`` once under AttnLRP's rules (see the module docstring).
 
@@ -336,6 +420,7 @@ def attnlrp_forward(
     ``forward_func(inputs, *additional_forward_args)`` (plus ``attention_mask=`` where its forward
     takes it). Autograd is on for the pass also inside ``torch.no_grad()``; parameters' ``.grad``
     are never touched (:meth:`LRPRun.relevance` differentiates with respect to the leaf only).
+    ``shares=True`` also records what :meth:`LRPRun.shares` needs.
 
     Raises:
         TypeError: ``forward_func`` holds no Hugging Face model.
@@ -370,8 +455,13 @@ def attnlrp_forward(
     run.attention = ALL_ATTENTION_FUNCTIONS.get(model.config._attn_implementation, sdpa_attention_forward)
     register_attention(_NAME, _attnlrp_attention, sdpa_mask)  # the masks sdpa gets: bool, or None to skip
     with unchanged(module), _rules(model, architecture, blocks, run), implementation(module, _NAME):
-        with torch.enable_grad():
-            run.output = forward_func(inputs, *args, **kwargs)
+        handles = _share_hooks(model, run, inputs.shape[0]) if shares else []
+        try:
+            with torch.enable_grad():
+                run.output = forward_func(inputs, *args, **kwargs)
+        finally:
+            for handle in handles:
+                handle.remove()
     if not run.attended or run.embeddings is None:
         raise ValueError(
             f"{type(model).__name__} ran no attention through transformers' attention-function interface or never "

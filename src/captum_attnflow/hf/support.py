@@ -36,6 +36,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "Mixtral": ("mixtral",),
     "Qwen2, Qwen2.5": ("qwen2",),
     "Qwen3": ("qwen3",),
+    "Qwen3-MoE": ("qwen3_moe",),
     "OLMo 2": ("olmo2",),
     "Phi-3": ("phi3",),
     "Gemma 2": ("gemma2",),
