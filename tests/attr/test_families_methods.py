@@ -17,7 +17,6 @@ from references import (
     alti_reference,
     attention_norm_reference,
     gradient_weighted_rollout_reference,
-    rollout_of,
     value_zeroing_reference,
 )
 

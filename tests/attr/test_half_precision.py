@@ -16,7 +16,7 @@ import pytest
 import torch
 import transformers
 
-from captum_attnflow import AttentionNorm, AttnLRP, GradientWeightedRollout
+from captum_attnflow import AttnLRP, GradientWeightedRollout
 from helpers import CONFIGS, TOKEN_METHODS, padded_batch
 
 # Largest difference from float32, relative to the largest float32 score: over twice the measured one.
