@@ -90,3 +90,20 @@ def test_alti_and_norms_on_the_kernels_equal_the_cpu_paths(monkeypatch):
     ours = [method(model).attribute(ids, attention_mask=mask, layer=None) for method in (ALTI, AttentionNorm)]
     for result, reference in zip(ours, expected):
         torch.testing.assert_close(result, reference, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+@pytest.mark.parametrize("post_norm", [False, True], ids=["pre-LN", "post-LN"])
+def test_a_block_of_rows_gives_the_rows_of_the_whole_map(small_tiles, causal, post_norm):
+    """Rows 5..18 fed alone with their offset, as a lean capture's recomputed blocks come: the
+    own token (i = j) found at its place, the rows' inputs, outputs and scales read from the block."""
+    probabilities, projected, inputs, outputs, scale = _layer(causal)
+    scale = scale if post_norm else None
+    rows = slice(5, 18)
+    whole = decomposition_triton.alti_distances(*_on_device(probabilities, projected, inputs, outputs, scale)).cpu()
+    block = decomposition_triton.alti_distances(*_on_device(
+        probabilities[:, :, rows], projected, inputs[:, rows], outputs[:, rows], None if scale is None else scale[:, rows]
+    ), row_offset=5).cpu()
+    torch.testing.assert_close(block, whole[:, rows], atol=0, rtol=1e-6)
+    norms = decomposition_triton.norms(*_on_device(probabilities[:, :, rows], projected)).cpu()
+    torch.testing.assert_close(norms, decomposition_triton.norms(*_on_device(probabilities, projected)).cpu()[:, rows], atol=0, rtol=1e-6)

@@ -27,25 +27,26 @@ _TILE = (64, 64)
 @triton.jit
 def _token_distances(
     p_ptr, f_ptr, x_ptr, y_ptr, scale_ptr, f_mean_ptr, x_mean_ptr, out_ptr,
-    n, heads, size,
+    n, count, row_offset, heads, size,
     stride_pb, stride_ph, stride_pi, stride_pj,
     stride_fb, stride_fh, stride_fj, stride_fk,
     BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
     NORMS: tl.constexpr, CENTRED: tl.constexpr,
 ):
-    """Grid (n tokens j, row tiles, B): ``out[b, i, j]`` for the tile's rows i. ALTI
-    (``NORMS`` False): the L1 distance, +inf where i != j and no head attends; norms: the squared
-    L2 norm of the weighted projected values."""
+    """Grid (n tokens j, row tiles, B): ``out[b, i, j]`` for the tile's rows i of a block of
+    ``count`` query rows (the rows of ``p``, ``x``, ``y``, ``scale`` and ``out``), the first one
+    query ``row_offset``. ALTI (``NORMS`` False): the L1 distance, +inf where i != j and no head
+    attends; norms: the squared L2 norm of the weighted projected values."""
     j = tl.program_id(0).to(tl.int64)  # 64-bit offsets: B n^2 and B H n D pass 2^31 at long inputs
     b = tl.program_id(2).to(tl.int64)
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < n
+    row_ok = rows < count
     hs = tl.arange(0, BLOCK_H)
     weights = tl.load(
         p_ptr + b * stride_pb + hs[None, :] * stride_ph + rows[:, None] * stride_pi + j * stride_pj,
         mask=row_ok[:, None] & (hs[None, :] < heads), other=0.0,
     ).to(tl.float32)  # (rows, heads)
-    own = rows == j
+    own = rows + row_offset == j
     if NORMS:
         attended = row_ok
     else:
@@ -55,7 +56,7 @@ def _token_distances(
         if CENTRED:  # the mean of T_i(x_j), linear in the heads (and x_i for i = j)
             f_means = tl.load(f_mean_ptr + (b * heads + hs) * n + j, mask=hs < heads, other=0.0)
             mean = tl.sum(weights * f_means[None, :], 1)
-            mean += tl.where(own, tl.load(x_mean_ptr + b * n + rows, mask=row_ok, other=0.0), 0.0)
+            mean += tl.where(own, tl.load(x_mean_ptr + b * count + rows, mask=row_ok, other=0.0), 0.0)
         for first in range(0, size, BLOCK_K):
             ks = first + tl.arange(0, BLOCK_K)
             k_ok = ks < size
@@ -67,7 +68,7 @@ def _token_distances(
             if NORMS:
                 total += tl.sum(vectors * vectors, 1)
             else:
-                offsets = (b * n + rows[:, None]) * size + ks[None, :]
+                offsets = (b * count + rows[:, None]) * size + ks[None, :]
                 inside = row_ok[:, None] & k_ok[None, :]
                 vectors += tl.load(x_ptr + offsets, mask=inside & own[:, None], other=0.0)
                 if CENTRED:
@@ -76,13 +77,14 @@ def _token_distances(
                 total += tl.sum(tl.where(inside, tl.abs(outputs - vectors), 0.0), 1)
     if not NORMS:
         total = tl.where(attended, total, float("inf"))
-    tl.store(out_ptr + (b * n + rows) * n + j, total, mask=row_ok)
+    tl.store(out_ptr + (b * count + rows) * n + j, total, mask=row_ok)
 
 
-def _launch(probabilities, projected, inputs, outputs, scale, norms):
+def _launch(probabilities, projected, inputs, outputs, scale, norms, row_offset=0):
     batch, heads, n, size = projected.shape
+    count = probabilities.shape[2]
     projected = projected.float()
-    out = torch.empty(batch, n, n, dtype=torch.float32, device=projected.device)
+    out = torch.empty(batch, count, n, dtype=torch.float32, device=projected.device)
     block_m, block_k = _TILE
     centred = scale is not None
     if norms:
@@ -91,9 +93,9 @@ def _launch(probabilities, projected, inputs, outputs, scale, norms):
         inputs, outputs = inputs.float().contiguous(), outputs.float().contiguous()
         scale = scale.float().contiguous() if centred else outputs
         f_means, x_means = projected.mean(-1).contiguous(), inputs.mean(-1).contiguous()
-    _token_distances[(n, triton.cdiv(n, block_m), batch)](  # n on the first axis, the one without a 65535 limit
+    _token_distances[(n, triton.cdiv(count, block_m), batch)](  # n on the first axis, the one without a 65535 limit
         probabilities, projected, inputs, outputs, scale, f_means, x_means, out,
-        n, heads, size, *probabilities.stride(), *projected.stride(),
+        n, count, row_offset, heads, size, *probabilities.stride(), *projected.stride(),
         BLOCK_M=block_m, BLOCK_H=max(16, triton.next_power_of_2(heads)), BLOCK_K=block_k,
         NORMS=norms, CENTRED=centred,
     )
@@ -101,16 +103,18 @@ def _launch(probabilities, projected, inputs, outputs, scale, norms):
 
 
 def alti_distances(
-    probabilities: Tensor, projected: Tensor, inputs: Tensor, outputs: Tensor, scale: Tensor | None
+    probabilities: Tensor, projected: Tensor, inputs: Tensor, outputs: Tensor, scale: Tensor | None,
+    row_offset: int = 0,
 ) -> Tensor:
-    """(B, n, n) :math:`\\lVert y_i - T_i(x_j) \\rVert_1`, as
-    :func:`~captum_attnflow.functional.decomposition._compiled_distances` gives it (+inf where
-    i != j and no head attends): ``probabilities`` (B, H, n, n), ``projected`` (B, H, n, D)
-    float32, ``inputs`` and ``outputs`` (B, n, D), ``scale`` (B, n, D) of a post-LN block or None."""
-    return _launch(probabilities, projected, inputs, outputs, scale, norms=False)
+    """(B, r, n) :math:`\\lVert y_i - T_i(x_j) \\rVert_1` of a block of r query rows, the first
+    one ``row_offset``, as :func:`~captum_attnflow.functional.decomposition._compiled_distances`
+    gives it (+inf where i != j and no head attends): ``probabilities`` (B, H, r, n),
+    ``projected`` (B, H, n, D) float32, the rows' ``inputs`` and ``outputs`` (B, r, D), their
+    ``scale`` (B, r, D) of a post-LN block or None."""
+    return _launch(probabilities, projected, inputs, outputs, scale, norms=False, row_offset=row_offset)
 
 
 def norms(probabilities: Tensor, projected: Tensor) -> Tensor:
-    """(B, n, n) :math:`\\lVert \\sum_h \\alpha^h_{ij} f^h(x_j) \\rVert_2` of ``probabilities``
-    (B, H, n, n) and ``projected`` (B, H, n, D) float32 values."""
+    """(B, r, n) :math:`\\lVert \\sum_h \\alpha^h_{ij} f^h(x_j) \\rVert_2` of ``probabilities``
+    (B, H, r, n), a block of query rows, and ``projected`` (B, H, n, D) float32 values."""
     return _launch(probabilities, projected, None, None, None, norms=True).sqrt_()
