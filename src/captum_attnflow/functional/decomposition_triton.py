@@ -22,6 +22,9 @@ from torch import Tensor
 
 # Query rows of a tile and features of a chunk.
 _TILE = (64, 64)
+# The (rows, H) x (H, chunk) products in float32 FMA: ALTI's contributions are differences of
+# nearly equal L1 norms, which TF32's 10-bit products would not keep.
+_PRECISION = "ieee"
 
 
 @triton.jit
@@ -31,7 +34,7 @@ def _token_distances(
     stride_pb, stride_ph, stride_pi, stride_pj,
     stride_fb, stride_fh, stride_fj, stride_fk,
     BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
-    NORMS: tl.constexpr, CENTRED: tl.constexpr,
+    NORMS: tl.constexpr, CENTRED: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """Grid (n tokens j, row tiles, B): ``out[b, i, j]`` for the tile's rows i of a block of
     ``count`` query rows (the rows of ``p``, ``x``, ``y``, ``scale`` and ``out``), the first one
@@ -64,7 +67,7 @@ def _token_distances(
                 f_ptr + b * stride_fb + hs[:, None] * stride_fh + j * stride_fj + ks[None, :] * stride_fk,
                 mask=(hs[:, None] < heads) & k_ok[None, :], other=0.0,
             )  # (heads, chunk)
-            vectors = tl.dot(weights, projected, input_precision="ieee")  # (rows, chunk)
+            vectors = tl.dot(weights, projected, input_precision=PRECISION)  # (rows, chunk)
             if NORMS:
                 total += tl.sum(vectors * vectors, 1)
             else:
@@ -97,7 +100,7 @@ def _launch(probabilities, projected, inputs, outputs, scale, norms, row_offset=
         probabilities, projected, inputs, outputs, scale, f_means, x_means, out,
         n, count, row_offset, heads, size, *probabilities.stride(), *projected.stride(),
         BLOCK_M=block_m, BLOCK_H=max(16, triton.next_power_of_2(heads)), BLOCK_K=block_k,
-        NORMS=norms, CENTRED=centred,
+        NORMS=norms, CENTRED=centred, PRECISION=_PRECISION,
     )
     return out
 
