@@ -68,6 +68,11 @@ def attention_norms(
     block's rows computed as it comes; ``values`` (B, H, n, d), ``output_weight`` (H d, D),
     ``attention_mask`` (B, n) bool.
 
+    The vectors are never formed: their squared length is a quadratic form in the heads'
+    weights, :math:`\\lVert \\sum_h \\alpha^h_{ij} f^h(x_j) \\rVert^2 = \\alpha_{ij}^\\top G_j \\alpha_{ij}`
+    with :math:`G_j = (f^h(x_j) \\cdot f^{h'}(x_j))_{h h'}` the (H, H) Gram matrix of token j's
+    projected values, H² multiply-adds a pair instead of H·D.
+
     Example::
 
         >>> import torch
@@ -80,16 +85,16 @@ def attention_norms(
         True
     """
     projected = projected_values(values, output_weight)
-    batch, _, n, size = projected.shape
+    batch, heads, n, _ = projected.shape
+    gram = torch.einsum("bhjk,bgjk->bjhg", projected, projected).reshape(batch * n, heads, heads)  # (B n, H, H)
     norms = torch.empty(batch, n, n, dtype=torch.float32, device=projected.device)
     for start, block in _blocks(probabilities):
         count = block.shape[2]
-        kernels = None if block.requires_grad else gpu_kernels(projected.device, _TRITON)
-        if kernels is not None:
-            norms[:, start : start + count] = kernels.norms(block, projected)
-            continue
-        for rows in _row_blocks(batch, n, size, count):
-            norms[:, start + rows.start : start + rows.stop] = transformed_vectors(block, projected, rows).norm(dim=-1)
+        # one (r, H) x (H, H) product per token j: a copy with the heads last, then one batched product
+        weights = block.float().permute(0, 3, 2, 1).reshape(batch * n, count, heads)
+        squares = (torch.bmm(weights, gram) * weights).sum(-1).view(batch, n, count)
+        # rounding can take a length of 0 (a token nobody attends) a hair below 0
+        norms[:, start : start + count] = squares.clamp(min=0).sqrt().transpose(1, 2)
     return norms * (attention_mask[:, :, None] & attention_mask[:, None, :])
 
 

@@ -220,9 +220,13 @@ def _maps(
         if not masks:
             masks.append(_run_mask(attention_mask, inputs.device, batch, n, internals.order))
             maps.append(torch.empty(len(modules), batch, n, n, dtype=torch.float32, device=inputs.device))
-        x = internals.block_inputs[index]
-        context = internals.contexts[index] if lean else None
-        block = _Block(modules[index], x, attention, internals.values[index], masks[0].to(x.device), context)
+        # This block's internals are dropped once read: the next blocks make their own.
+        x, internals.block_inputs[index] = internals.block_inputs[index], None
+        values, internals.values[index] = internals.values[index], None
+        context = None
+        if lean:
+            context, internals.contexts[index] = internals.contexts[index], None
+        block = _Block(modules[index], x, attention, values, masks[0].to(x.device), context)
         weights = _weights(forward_func, architecture, block.module)
         maps[0][index] = block_map(architecture, block, weights)
         done.append(index)
