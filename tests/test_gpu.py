@@ -277,8 +277,8 @@ def test_kernels_equal_the_torch_path_at_size(dtype, causal, monkeypatch):
 
 @pytest.mark.parametrize("post_norm", [False, True], ids=["pre-LN", "post-LN"])
 def test_decomposition_kernels_equal_the_torch_path_at_size(post_norm):
-    """ALTI's distances compiled, BERT-base's 12 heads and D = 768, n = 300 (several row and
-    token tiles and feature chunks), padding keys, against the torch path's row blocks on CUDA, a
+    """ALTI's distances compiled, BERT-base's 12 heads and D = 768, n = 300 (several row tiles
+    and feature chunks), padding keys, against the torch path's row blocks on CUDA, a
     block of rows fed alone equal to those rows; the norms' Gram form against the vectors' lengths."""
     from captum_attnflow.functional import decomposition, decomposition_triton
 

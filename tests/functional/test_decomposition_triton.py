@@ -1,7 +1,7 @@
 """The Triton kernel of functional/decomposition_triton.py (ALTI's L1 distances) against the torch
 path of functional/decomposition.py: compiled on a CUDA device, else on CPU tensors through
 Triton's interpreter (turned on by tests/conftest.py), with tiles smaller than the maps (several
-row and token tiles and feature chunks, the last ones partial), causal and padded attention,
+row tiles and feature chunks, the last ones partial), causal and padded attention,
 pre- and post-LN blocks, blocks of rows fed alone; and ALTI end to end with the kernel.
 
 Tolerance: 1e-6 relative to the distances (float32 sums of D terms in another order)."""
@@ -45,7 +45,7 @@ def _on_device(*tensors):
 
 @pytest.fixture
 def small_tiles(monkeypatch):
-    monkeypatch.setattr(decomposition_triton, "_TILE", (16, 32, 8))  # n = 21 rows and tokens, D = 40 features
+    monkeypatch.setattr(decomposition_triton, "_TILE", (16, 32))  # n = 21 rows, D = 40 features
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])

@@ -92,7 +92,7 @@ def attention_norms(
         count = block.shape[2]
         # one (r, H) x (H, H) product per token j: a copy with the heads last, then one batched product
         weights = block.float().permute(0, 3, 2, 1).reshape(batch * n, count, heads)
-        squares = (torch.bmm(weights, gram) * weights).sum(-1).view(batch, n, count)
+        squares = torch.bmm(weights, gram).mul_(weights).sum(-1).view(batch, n, count)
         # rounding can take a length of 0 (a token nobody attends) a hair below 0
         norms[:, start : start + count] = squares.clamp(min=0).sqrt().transpose(1, 2)
     return norms * (attention_mask[:, :, None] & attention_mask[:, None, :])
