@@ -84,3 +84,16 @@ def test_blocks_equal_the_maps_the_model_returns(arch, side):
         ours = _whole(layer, rows=2)
         keep = real[:, None, :, None]
         torch.testing.assert_close(ours * keep, maps * keep, atol=1e-6, rtol=0)
+
+
+def test_blocks_sized_by_the_budget_hold_whole_tiles_of_rows(monkeypatch):
+    """Where more than a tile of rows fits, a block holds whole tiles of the distance kernels
+    (64 rows), the rest in the last block; the budget is never exceeded."""
+    from captum_attnflow.hf import lean_heads
+
+    query = torch.randn(1, 12, 300, 8)
+    scores = AttentionScores(query, query, None, 0.3, False)
+    monkeypatch.setattr(lean_heads, "_BLOCK_BYTES", 4 * 12 * 300 * 150)  # 150 rows fit
+    assert [block.shape[2] for _, block in head_blocks(scores)] == [128, 128, 44]
+    monkeypatch.setattr(lean_heads, "_BLOCK_BYTES", 4 * 12 * 300 * 40)  # less than a tile
+    assert [block.shape[2] for _, block in head_blocks(scores)] == [40] * 7 + [20]

@@ -26,6 +26,7 @@ from captum_attnflow.hf.lean import AttentionScores
 # threads need; on a GPU a share of its free memory, at most _GPU_BLOCK_BYTES.
 _BLOCK_BYTES = 32 * 2**20
 _GPU_BLOCK_BYTES = 2**27
+_TILE_ROWS = 64
 
 
 def head_blocks(scores: AttentionScores, rows: int | None = None) -> Iterator[tuple[int, Tensor]]:
@@ -56,6 +57,9 @@ def head_blocks(scores: AttentionScores, rows: int | None = None) -> Iterator[tu
     if rows is None:
         budget = block_bytes(query.device, _BLOCK_BYTES, _GPU_BLOCK_BYTES)
         rows = budget // (4 * batch * heads * n_keys)
+        # whole tiles of the distance kernels (64 query rows a program on a GPU, 16 a task on the
+        # CPU): a block of 682 rows would leave a tile of 42 rows and a last block of 4 at n = 4096
+        rows = rows // _TILE_ROWS * _TILE_ROWS if rows > _TILE_ROWS else rows
     rows = min(n, max(1, rows))
     if key.shape[1] != heads:
         key = key.repeat_interleave(heads // key.shape[1], dim=1)
