@@ -62,6 +62,8 @@ class Internals:
         output: what the model returned.
         order: (B, n) the run's token order when a left-padded batch ran with its real tokens
             first (``order[b, k]`` = original position of the k-th token in the run), else None.
+        implementation: with ``lean=True``, the model's own attention implementation, which
+            computes each call's output.
     """
 
     probabilities: list[Tensor] = field(default_factory=list)
@@ -72,7 +74,7 @@ class Internals:
     block_inputs: list[Tensor] = field(default_factory=list)
     output: Any = None
     order: Tensor | None = None
-    implementation: str | None = None  # with lean=True: the model's own, which computes each call's output
+    implementation: str | None = None
 
     def in_inputs_order(self, maps: Tensor) -> Tensor:
         """(..., B, n, n) matrices computed in the run's token order, rows and columns put back
