@@ -95,8 +95,7 @@ def decomposition_launches() -> None:
     inputs = outputs = scale = torch.zeros(2, 40, 96)
     decomposition_triton.alti_distances(probabilities, projected, inputs, outputs, None)
     decomposition_triton.alti_distances(probabilities.bfloat16(), projected, inputs, outputs, scale)
-    decomposition_triton.norms(probabilities, projected)
-    decomposition_triton.norms(torch.zeros(2, 32, 40, 40), torch.zeros(2, 32, 40, 96))  # Llama's 32 heads
+    decomposition_triton.alti_distances(torch.zeros(2, 32, 40, 40), torch.zeros(2, 32, 40, 96), inputs, outputs, None)  # Llama's 32 heads
 
 
 def main() -> None:

@@ -277,8 +277,9 @@ def test_kernels_equal_the_torch_path_at_size(dtype, causal, monkeypatch):
 
 @pytest.mark.parametrize("post_norm", [False, True], ids=["pre-LN", "post-LN"])
 def test_decomposition_kernels_equal_the_torch_path_at_size(post_norm):
-    """ALTI's distances and the norms compiled, BERT-base's 12 heads and D = 768, n = 300 (several
-    row tiles and feature chunks), padding keys, against the torch path's row blocks on CUDA."""
+    """ALTI's distances compiled, BERT-base's 12 heads and D = 768, n = 300 (several row tiles
+    and feature chunks), padding keys, against the torch path's row blocks on CUDA, a
+    block of rows fed alone equal to those rows; the norms' Gram form against the vectors' lengths."""
     from captum_attnflow.functional import decomposition, decomposition_triton
 
     generator = torch.Generator().manual_seed(0)
@@ -298,4 +299,11 @@ def test_decomposition_kernels_equal_the_torch_path_at_size(post_norm):
     torch.testing.assert_close(ours[finite], expected[finite], atol=1e-3, rtol=1e-5)
     norms = torch.cat([decomposition.transformed_vectors(probabilities, projected, rows).norm(dim=-1)
                        for rows in decomposition._row_blocks(2, 300, 768)], 1)
-    torch.testing.assert_close(decomposition_triton.norms(probabilities, projected), norms, atol=1e-5, rtol=1e-5)
+    mask = torch.ones(2, 300, dtype=torch.bool, device=DEVICE)
+    gram = decomposition.attention_norms(probabilities, values.to(DEVICE), weight.to(DEVICE), mask)
+    torch.testing.assert_close(gram, norms, atol=1e-5, rtol=1e-5)
+    rows = slice(40, 300)  # a block of rows with its offset, as the lean capture feeds them
+    block = decomposition_triton.alti_distances(
+        probabilities[:, :, rows], projected, inputs[:, rows], outputs[:, rows], None if scale is None else scale[:, rows], 40
+    )
+    torch.testing.assert_close(block, ours[:, rows], atol=0, rtol=1e-6)

@@ -177,3 +177,41 @@ def test_cosine_distances_and_row_normalisation():
     scores = torch.tensor([[[1.0, 3.0], [0.0, 0.0]]])
     rows = normalised_rows(scores, torch.tensor([[True, True]]))
     assert torch.equal(rows, torch.tensor([[[0.25, 0.75], [0.0, 1.0]]]))  # an empty row keeps its token
+
+
+def _in_blocks(probabilities: torch.Tensor, rows: int) -> list[tuple[int, torch.Tensor]]:
+    return [(start, probabilities[:, :, start : start + rows]) for start in range(0, probabilities.shape[2], rows)]
+
+
+@given(seed=st.integers(0, 100), rows=st.integers(1, 7), causal=st.booleans())
+@settings(max_examples=25, deadline=None)
+def test_alti_and_norms_of_row_blocks_equal_those_of_the_whole_map(seed, rows, causal):
+    """Fed block by block (as a lean capture recomputes them), every path gives the whole map's
+    result: the compiled kernel (pre- and post-LN), the torch blocks of a scaled attention output
+    and the norms."""
+    probabilities, values, inputs, weight, bias = (t.float() for t in _layer(seed, n=7))
+    generator = torch.Generator().manual_seed(seed)
+    if causal:
+        scores = torch.randn(2, 3, 7, 7, generator=generator)
+        probabilities = torch.softmax(scores.masked_fill(torch.ones(7, 7, dtype=torch.bool).triu(1), float("-inf")), -1)
+    mask = torch.ones(2, 7, dtype=torch.bool)
+    mask[1, 5:] = False
+    norm = (torch.rand(6, generator=generator) + 0.5, torch.randn(6, generator=generator), 1e-5)
+    scale = torch.rand(2, 7, 6, generator=generator) + 0.5
+    for kwargs in ({}, {"norm": norm}, {"attention_scale": scale}):
+        whole = alti_contributions(probabilities, values, inputs, weight, bias, mask, **kwargs)
+        blocks = alti_contributions(_in_blocks(probabilities, rows), values, inputs, weight, bias, mask, **kwargs)
+        # The attention output of a block of rows is another product shape, rounded otherwise in
+        # float32; a contribution, a difference of nearly equal L1 norms of random vectors here,
+        # shows that rounding at up to 1e-5 (1e-6 on the models' layers: tests/hf/test_decomposition.py).
+        torch.testing.assert_close(blocks, whole, atol=1e-5, rtol=0)
+    whole = attention_norms(probabilities, values, weight, mask)
+    torch.testing.assert_close(attention_norms(_in_blocks(probabilities, rows), values, weight, mask), whole, atol=1e-6, rtol=1e-5)
+
+
+def test_rows_of_a_block_are_normalised_as_rows_of_the_whole():
+    scores, mask = torch.rand(2, 6, 6), torch.tensor([[True] * 6, [True] * 4 + [False] * 2])
+    scores[0, 3] = 0.0  # a real row with nothing left keeps its own token
+    whole = normalised_rows(scores, mask)
+    torch.testing.assert_close(torch.cat([normalised_rows(scores[:, s : s + 4], mask, s) for s in (0, 4)], 1), whole)
+    assert whole[0, 3, 3] == 1.0

@@ -1,8 +1,8 @@
-"""The Triton kernels of functional/decomposition_triton.py (ALTI's L1 distances, the attention
-norms) against the torch path of functional/decomposition.py: compiled on a CUDA device, else on
-CPU tensors through Triton's interpreter (turned on by tests/conftest.py), with tiles smaller
-than the maps (several row tiles and feature chunks, the last ones partial), causal and padded
-attention, pre- and post-LN blocks; and ALTI and AttentionNorm end to end with the kernels.
+"""The Triton kernel of functional/decomposition_triton.py (ALTI's L1 distances) against the torch
+path of functional/decomposition.py: compiled on a CUDA device, else on CPU tensors through
+Triton's interpreter (turned on by tests/conftest.py), with tiles smaller than the maps (several
+row tiles and feature chunks, the last ones partial), causal and padded attention,
+pre- and post-LN blocks, blocks of rows fed alone; and ALTI end to end with the kernel.
 
 Tolerance: 1e-6 relative to the distances (float32 sums of D terms in another order)."""
 
@@ -13,7 +13,7 @@ import os
 import pytest
 import torch
 
-from captum_attnflow import ALTI, AttentionNorm, load_agreement_model
+from captum_attnflow import ALTI, load_agreement_model
 from captum_attnflow.functional import decomposition
 
 pytest.importorskip("triton", reason="the GPU kernels need triton (pip install triton, Linux x86-64)")
@@ -62,31 +62,28 @@ def test_alti_distances_equal_the_torch_path(small_tiles, causal, post_norm):
     torch.testing.assert_close(ours[finite], expected[finite], atol=0, rtol=1e-6)
 
 
-@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
-def test_norms_equal_the_torch_path(small_tiles, causal, monkeypatch):
-    probabilities, projected, *_ = _layer(causal)
-    expected = torch.cat([decomposition.transformed_vectors(probabilities, projected, rows).norm(dim=-1)
-                          for rows in decomposition._row_blocks(2, 21, projected.shape[-1])], 1)
-    ours = decomposition_triton.norms(*_on_device(probabilities, projected)).cpu()
-    torch.testing.assert_close(ours, expected, atol=1e-6, rtol=1e-6)
-    # and through the dispatch of attention_norms, as it runs on a GPU
-    monkeypatch.setattr(decomposition, "gpu_kernels", lambda device, module: decomposition_triton)
-    values, weight = torch.ones(2, 3, 21, 1), torch.ones(3, 1)  # projected values all 1: the norms are sums of weights
-    masked = decomposition.attention_norms(probabilities, values, weight, torch.ones(2, 21, dtype=torch.bool))
-    torch.testing.assert_close(masked, probabilities.sum(1), atol=1e-6, rtol=0)
-
-
 @pytest.mark.slow  # 15 s: the interpreter takes about 0.1 s a program
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on CUDA tests/test_gpu.py compares the methods with the CPU")
-def test_alti_and_norms_on_the_kernels_equal_the_cpu_paths(monkeypatch):
-    """ALTI and AttentionNorm of the bundled post-LN model, padded, with the kernels in place of
-    the numba kernel and the torch blocks."""
+def test_alti_on_the_kernel_equals_the_cpu_path(monkeypatch):
+    """ALTI of the bundled post-LN model, padded, with the kernel in place of the numba kernel."""
     model, tokenizer = load_agreement_model()
     batch = tokenizer(["the keys to the cabinet are", "the key"], return_tensors="pt", padding=True)
     ids, mask = batch["input_ids"], batch["attention_mask"]
-    expected = [method(model).attribute(ids, attention_mask=mask, layer=None) for method in (ALTI, AttentionNorm)]
+    expected = ALTI(model).attribute(ids, attention_mask=mask, layer=None)
     monkeypatch.setattr(decomposition, "_compiled_distances", decomposition_triton.alti_distances)
-    monkeypatch.setattr(decomposition, "gpu_kernels", lambda device, module: decomposition_triton)
-    ours = [method(model).attribute(ids, attention_mask=mask, layer=None) for method in (ALTI, AttentionNorm)]
-    for result, reference in zip(ours, expected):
-        torch.testing.assert_close(result, reference, atol=1e-6, rtol=0)
+    torch.testing.assert_close(ALTI(model).attribute(ids, attention_mask=mask, layer=None), expected, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+@pytest.mark.parametrize("post_norm", [False, True], ids=["pre-LN", "post-LN"])
+def test_a_block_of_rows_gives_the_rows_of_the_whole_map(small_tiles, causal, post_norm):
+    """Rows 5..18 fed alone with their offset, as a lean capture's recomputed blocks come: the
+    own token (i = j) found at its place, the rows' inputs, outputs and scales read from the block."""
+    probabilities, projected, inputs, outputs, scale = _layer(causal)
+    scale = scale if post_norm else None
+    rows = slice(5, 18)
+    whole = decomposition_triton.alti_distances(*_on_device(probabilities, projected, inputs, outputs, scale)).cpu()
+    block = decomposition_triton.alti_distances(*_on_device(
+        probabilities[:, :, rows], projected, inputs[:, rows], outputs[:, rows], None if scale is None else scale[:, rows]
+    ), row_offset=5).cpu()
+    torch.testing.assert_close(block, whole[:, rows], atol=0, rtol=1e-6)

@@ -29,7 +29,9 @@ class ALTI(ContributionRollout):
     Needs the model's value vectors, output projection and LayerNorm: the model types of
     :data:`captum_attnflow.hf.architectures.ARCHITECTURES` (BERT, RoBERTa, XLM-R, DistilBERT,
     GPT-2, Llama, Mistral, Qwen2, ViT, DeiT, the bundled models). The maths is
-    :func:`captum_attnflow.functional.decomposition.alti_contributions`.
+    :func:`captum_attnflow.functional.decomposition.alti_contributions`, fed each layer's per-head
+    probabilities in blocks of rows recomputed from the model's queries and keys where the lean
+    capture applies: no (B, H, n, n) tensor is made.
 
     Args:
         forward_func: a Hugging Face model of a supported type, or a module containing one.

@@ -21,7 +21,11 @@ class AttentionNorm(LayerMapsAttribution):
 
     one layer at a time like raw attention (not rolled out, not normalised). Needs the model's
     value vectors and output projection: the model types of
-    :data:`captum_attnflow.hf.architectures.ARCHITECTURES`.
+    :data:`captum_attnflow.hf.architectures.ARCHITECTURES`. The vectors are never formed: their
+    length is a quadratic form in the heads' weights
+    (:func:`captum_attnflow.functional.decomposition.attention_norms`), fed each layer's per-head
+    probabilities in blocks of rows recomputed from the model's queries and keys where the lean
+    capture applies.
 
     Args:
         forward_func: a Hugging Face model of a supported type, or a module containing one.

@@ -26,8 +26,9 @@ class ValueZeroing(ContributionRollout):
 
     Attention is linear in the values, so the attention output for every zeroed j follows from
     one forward pass; only the rest of each block runs again, n variants of n tokens per layer
-    (:func:`captum_attnflow.hf.decomposition.value_zeroing_maps`). Needs the model's blocks:
-    the model types of :data:`captum_attnflow.hf.architectures.ARCHITECTURES`.
+    (:func:`captum_attnflow.hf.decomposition.value_zeroing_maps`): n² token evaluations of the
+    feed-forward a layer, which is its cost (n times a forward's feed-forward). Needs the model's
+    blocks: the model types of :data:`captum_attnflow.hf.architectures.ARCHITECTURES`.
 
     Args:
         forward_func: a Hugging Face model of a supported type, or a module containing one.

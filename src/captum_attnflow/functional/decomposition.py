@@ -12,6 +12,7 @@ output of token i is :math:`\\sum_j \\sum_h \\alpha^h_{ij} f^h(x_j) + b_O`.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from typing import Iterable, Union
 
 import numpy as np
 import torch
@@ -24,6 +25,15 @@ from captum_attnflow.functional.kernels import gpu_kernels
 _BLOCK_NUMBERS = 2**23
 # The GPU twins of the kernels here.
 _TRITON = "captum_attnflow.functional.decomposition_triton"
+
+# A layer's per-head probabilities: the whole (B, H, n, n) tensor, or its blocks of query rows as
+# ``(start, block)`` pairs, ``block`` (B, H, r, n) the rows start..start + r, in order, each read
+# once before the next is asked for (a lean capture's recomputed rows: hf/lean_heads.py).
+Probabilities = Union[Tensor, Iterable[tuple[int, Tensor]]]
+
+
+def _blocks(probabilities: Probabilities) -> Iterable[tuple[int, Tensor]]:
+    return [(0, probabilities)] if isinstance(probabilities, Tensor) else probabilities
 
 
 def projected_values(values: Tensor, output_weight: Tensor) -> Tensor:
@@ -41,14 +51,27 @@ def transformed_vectors(probabilities: Tensor, projected: Tensor, rows: slice) -
     return shares.transpose(1, 2)
 
 
-def _row_blocks(batch: int, n: int, size: int) -> list[slice]:
+def _row_blocks(batch: int, n: int, size: int, count: int | None = None) -> list[slice]:
+    """Slices of ``count`` query rows (n if None) whose (B, rows, n, D) transformed vectors hold about _BLOCK_NUMBERS."""
+    count = n if count is None else count
     step = max(1, _BLOCK_NUMBERS // max(1, batch * n * size))
-    return [slice(start, min(n, start + step)) for start in range(0, n, step)]
+    return [slice(start, min(count, start + step)) for start in range(0, count, step)]
 
 
-def attention_norms(probabilities: Tensor, values: Tensor, output_weight: Tensor, attention_mask: Tensor) -> Tensor:
+def attention_norms(
+    probabilities: Probabilities, values: Tensor, output_weight: Tensor, attention_mask: Tensor
+) -> Tensor:
     """Kobayashi et al.'s norm-based weights, (B, n, n): :math:`\\lVert \\sum_h \\alpha^h_{ij} f^h(x_j) \\rVert_2`,
     the length of what token j adds to token i's attention output; padding rows and columns 0.
+
+    ``probabilities``: (B, H, n, n), or its blocks of rows (see :data:`Probabilities`), each
+    block's rows computed as it comes; ``values`` (B, H, n, d), ``output_weight`` (H d, D),
+    ``attention_mask`` (B, n) bool.
+
+    The vectors are never formed: their squared length is a quadratic form in the heads'
+    weights, :math:`\\lVert \\sum_h \\alpha^h_{ij} f^h(x_j) \\rVert^2 = \\alpha_{ij}^\\top G_j \\alpha_{ij}`
+    with :math:`G_j = (f^h(x_j) \\cdot f^{h'}(x_j))_{h h'}` the (H, H) Gram matrix of token j's
+    projected values, H² multiply-adds a pair instead of H·D.
 
     Example::
 
@@ -62,19 +85,21 @@ def attention_norms(probabilities: Tensor, values: Tensor, output_weight: Tensor
         True
     """
     projected = projected_values(values, output_weight)
-    batch, _, n, size = projected.shape
-    kernels = None if probabilities.requires_grad else gpu_kernels(projected.device, _TRITON)
-    if kernels is not None:
-        norms = kernels.norms(probabilities, projected)
-    else:
-        norms = torch.cat(
-            [transformed_vectors(probabilities, projected, rows).norm(dim=-1) for rows in _row_blocks(batch, n, size)], 1
-        )
+    batch, heads, n, _ = projected.shape
+    gram = torch.einsum("bhjk,bgjk->bjhg", projected, projected).reshape(batch * n, heads, heads)  # (B n, H, H)
+    norms = torch.empty(batch, n, n, dtype=torch.float32, device=projected.device)
+    for start, block in _blocks(probabilities):
+        count = block.shape[2]
+        # one (r, H) x (H, H) product per token j: a copy with the heads last, then one batched product
+        weights = block.float().permute(0, 3, 2, 1).reshape(batch * n, count, heads)
+        squares = torch.bmm(weights, gram).mul_(weights).sum(-1).view(batch, n, count)
+        # rounding can take a length of 0 (a token nobody attends) a hair below 0
+        norms[:, start : start + count] = squares.clamp(min=0).sqrt().transpose(1, 2)
     return norms * (attention_mask[:, :, None] & attention_mask[:, None, :])
 
 
 def alti_contributions(
-    probabilities: Tensor,
+    probabilities: Probabilities,
     values: Tensor,
     inputs: Tensor,
     output_weight: Tensor,
@@ -104,7 +129,9 @@ def alti_contributions(
                       {\\sum_k \\max(0, \\lVert y_i \\rVert_1 - \\lVert y_i - T_i(x_k) \\rVert_1)}.
 
     Args:
-        probabilities: (B, H, n, n) attention probabilities.
+        probabilities: (B, H, n, n) attention probabilities, or their blocks of rows (see
+            :data:`Probabilities`): every quantity of row i is computed from row i alone, block
+            by block, so the whole (B, H, n, n) tensor need never exist.
         values: (B, H, n, d) value vectors, value bias included.
         inputs: (B, n, D) the block's input :math:`x` (the residual stream).
         output_weight, output_bias: :math:`W_O` (H d, D) and :math:`b_O` (D,) or None.
@@ -128,29 +155,33 @@ def alti_contributions(
         >>> torch.allclose(contributions.sum(-1), torch.ones(1, 3))
         True
     """
+    if attention_scale is not None and norm is not None:
+        raise ValueError("alti_contributions takes a LayerNorm after the residual or a scale before it, not both.")
     projected = projected_values(values, output_weight)
-    batch, _, n, size = projected.shape
-    inputs = inputs.float()
-    heads_out = (probabilities.float() @ values.float()).transpose(1, 2).reshape(batch, n, -1)  # (B, n, H d)
-    attention = heads_out @ output_weight.float()
-    if output_bias is not None:
-        attention = attention + output_bias.float()
-    if attention_scale is not None:
-        if norm is not None:
-            raise ValueError("alti_contributions takes a LayerNorm after the residual or a scale before it, not both.")
-        attention_scale = attention_scale.float()
-        attention = attention * attention_scale
-    pre_norm = inputs + attention
-    if norm is None:
-        outputs, scale = pre_norm, None
-    else:
-        gamma, beta, eps = norm
-        deviation = (pre_norm.var(-1, unbiased=False, keepdim=True) + eps).sqrt()  # (B, n, 1)
-        outputs = (pre_norm - pre_norm.mean(-1, keepdim=True)) / deviation * gamma.float() + beta.float()
-        scale = gamma.float() / deviation  # (B, n, D)
-    distances = _distances_where_they_are(probabilities, projected, inputs, outputs, scale, attention_scale)
-    contributions = (outputs.abs().sum(-1)[:, :, None] - distances).clamp(min=0)
-    return normalised_rows(contributions, attention_mask)
+    batch, _, n, _ = projected.shape
+    inputs, values, output_weight = inputs.float(), values.float(), output_weight.float()
+    contributions = torch.empty(batch, n, n, dtype=torch.float32, device=projected.device)
+    for start, block in _blocks(probabilities):
+        rows = slice(start, start + block.shape[2])
+        heads_out = (block.float() @ values).transpose(1, 2).reshape(batch, block.shape[2], -1)  # (B, r, H d)
+        attention = heads_out @ output_weight
+        if output_bias is not None:
+            attention = attention + output_bias.float()
+        block_scale = None if attention_scale is None else attention_scale[:, rows].float()
+        if block_scale is not None:
+            attention = attention * block_scale
+        pre_norm = inputs[:, rows] + attention
+        if norm is None:
+            outputs, scale = pre_norm, None
+        else:
+            gamma, beta, eps = norm
+            deviation = (pre_norm.var(-1, unbiased=False, keepdim=True) + eps).sqrt()  # (B, r, 1)
+            outputs = (pre_norm - pre_norm.mean(-1, keepdim=True)) / deviation * gamma.float() + beta.float()
+            scale = gamma.float() / deviation  # (B, r, D)
+        distances = _distances_where_they_are(block, projected, inputs[:, rows], outputs, scale, block_scale, start)
+        shares = (outputs.abs().sum(-1)[:, :, None] - distances).clamp(min=0)
+        contributions[:, rows] = normalised_rows(shares, attention_mask, start)
+    return contributions
 
 
 def _distances_where_they_are(
@@ -160,48 +191,56 @@ def _distances_where_they_are(
     outputs: Tensor,
     scale: Tensor | None,
     attention_scale: Tensor | None,
+    row_offset: int = 0,
 ) -> Tensor:
-    """(B, n, n) :math:`\\lVert y_i - T_i(x_j) \\rVert_1`, by device: the numba kernel on the CPU,
+    """(B, r, n) :math:`\\lVert y_i - T_i(x_j) \\rVert_1` of a block of r query rows, the first
+    one ``row_offset`` (``probabilities`` (B, H, r, n), ``inputs``, ``outputs``, ``scale`` and
+    ``attention_scale`` (B, r, D) those rows'), by device: the numba kernel on the CPU,
     the Triton kernel where it runs (:func:`~captum_attnflow.functional.kernels.gpu_kernels`),
     both without writing the transformed vectors; else, under autograd and for a scaled
     attention output (``attention_scale``), torch operations in row blocks."""
     if not probabilities.requires_grad and attention_scale is None:
         if inputs.device.type == "cpu":
-            return _compiled_distances(probabilities, projected, inputs, outputs, scale)
+            return _compiled_distances(probabilities, projected, inputs, outputs, scale, row_offset)
         kernels = gpu_kernels(inputs.device, _TRITON)
         if kernels is not None:
-            return kernels.alti_distances(probabilities, projected, inputs, outputs, scale)
+            return kernels.alti_distances(probabilities, projected, inputs, outputs, scale, row_offset)
     batch, _, n, size = projected.shape
     return torch.cat(
-        [_distances(probabilities, projected, inputs, outputs, scale, rows, attention_scale)
-         for rows in _row_blocks(batch, n, size)], 1
+        [_distances(probabilities, projected, inputs, outputs, scale, rows, attention_scale, row_offset)
+         for rows in _row_blocks(batch, n, size, probabilities.shape[2])], 1
     )
 
 
 def _distances(
     probabilities: Tensor, projected: Tensor, inputs: Tensor, outputs: Tensor, scale: Tensor | None, rows: slice,
-    attention_scale: Tensor | None = None,
+    attention_scale: Tensor | None = None, row_offset: int = 0,
 ) -> Tensor:
-    """(B, r, n) :math:`\\lVert y_i - T_i(x_j) \\rVert_1` for the query rows ``rows``, in torch ops;
-    +inf where i != j and no head attends (see :func:`_compiled_distances`)."""
+    """(B, r, n) :math:`\\lVert y_i - T_i(x_j) \\rVert_1` for the rows ``rows`` of ``probabilities``
+    (and of ``inputs``, ``outputs``, ``scale``, ``attention_scale``), whose first row is query
+    ``row_offset``, in torch ops; +inf where i != j and no head attends (see :func:`_compiled_distances`)."""
     vectors = transformed_vectors(probabilities, projected, rows)  # (B, r, n, D)
     if attention_scale is not None:
         vectors = vectors * attention_scale[:, rows, None]
-    own = torch.arange(rows.start, rows.stop, device=inputs.device)
-    vectors[:, own - rows.start, own] += inputs[:, rows]
+    local = torch.arange(rows.stop - rows.start, device=inputs.device)
+    own = local + rows.start + row_offset  # the query's own token
+    vectors[:, local, own] += inputs[:, rows]
     if scale is not None:
         vectors = (vectors - vectors.mean(-1, keepdim=True)) * scale[:, rows, None]
     distances = (outputs[:, rows, None] - vectors).abs().sum(-1)
     attended = probabilities[:, :, rows].ne(0).any(1)
-    attended[:, own - rows.start, own] = True
+    attended[:, local, own] = True
     return distances.masked_fill(~attended, float("inf"))
 
 
 def _compiled_distances(
-    probabilities: Tensor, projected: Tensor, inputs: Tensor, outputs: Tensor, scale: Tensor | None
+    probabilities: Tensor, projected: Tensor, inputs: Tensor, outputs: Tensor, scale: Tensor | None,
+    row_offset: int = 0,
 ) -> Tensor:
-    """(B, n, n) :math:`\\lVert y_i - T_i(x_j) \\rVert_1`, the same as :func:`_distances` on all rows,
-    in one compiled pass that never writes the (n, n, D) transformed vectors.
+    """(B, r, n) :math:`\\lVert y_i - T_i(x_j) \\rVert_1` of a block of r query rows, the first
+    one ``row_offset`` (``probabilities`` (B, H, r, n); ``inputs``, ``outputs``, ``scale`` (B, r, D)),
+    the same as :func:`_distances` on all its rows, in one compiled pass that never writes the
+    (r, n, D) transformed vectors.
 
     Where i != j and no head attends (a causal or padding mask), :math:`T_i(x_j) = 0`: the
     distance is :math:`\\lVert y_i \\rVert_1` and the contribution 0, but computed it would be the
@@ -209,10 +248,11 @@ def _compiled_distances(
     exactly 0 and a causal model stays causal; none of them is computed (half the work of a decoder).
     """
     batch, heads, n, size = projected.shape
+    count = probabilities.shape[2]
     centred = scale is not None
     if scale is None:
         scale = torch.ones(1, 1, 1)
-    out = np.empty((batch, n, n), dtype=np.float32)
+    out = np.empty((batch, count, n), dtype=np.float32)
     arrays = (
         probabilities.float().contiguous().numpy(),
         projected.contiguous().numpy(),
@@ -222,13 +262,13 @@ def _compiled_distances(
         projected.mean(-1).contiguous().numpy(),
         inputs.mean(-1).contiguous().numpy(),
     )
-    tasks = batch * -(-n // _ROWS_PER_TASK)
+    tasks = batch * -(-count // _ROWS_PER_TASK)
     parts = max(1, min(torch.get_num_threads(), tasks))
     bounds = [tasks * part // parts for part in range(parts + 1)]
     # Python threads running the kernel without the GIL, as the flow kernel does: numba's own
     # parallel loops would start an OpenMP pool beside torch's.
     with ThreadPoolExecutor(parts) as pool:
-        list(pool.map(lambda part: _distances_kernel(*arrays, centred, out, bounds[part], bounds[part + 1]), range(parts)))
+        list(pool.map(lambda part: _distances_kernel(*arrays, centred, row_offset, out, bounds[part], bounds[part + 1]), range(parts)))
     return torch.from_numpy(out)
 
 
@@ -247,10 +287,14 @@ _ROWS_PER_TASK = 16
 
 @njit(cache=True, nogil=True, fastmath=True)
 def _distances_kernel(
-    probabilities, projected, inputs, outputs, scale, projected_means, input_means, centred, out, first_task, last_task
+    probabilities, projected, inputs, outputs, scale, projected_means, input_means, centred, row_offset, out,
+    first_task, last_task,
 ):  # pragma: no cover
+    # Rows are the block's (i, of probabilities, inputs, outputs, scale, out); the query's own
+    # token, whose input T_i(x_i) adds, is j = row_offset + i.
     batch, heads, n, size = projected.shape
-    blocks = (n + _ROWS_PER_TASK - 1) // _ROWS_PER_TASK
+    count = probabilities.shape[2]
+    blocks = (count + _ROWS_PER_TASK - 1) // _ROWS_PER_TASK
     groups = (heads + 3) // 4
     weights = np.zeros((_ROWS_PER_TASK, 4 * groups), dtype=np.float32)  # heads past H weigh 0
     means = np.empty(_ROWS_PER_TASK, dtype=np.float32)
@@ -260,19 +304,19 @@ def _distances_kernel(
     for task in range(first_task, last_task):
         b = task // blocks
         first = (task % blocks) * _ROWS_PER_TASK
-        rows = min(n, first + _ROWS_PER_TASK) - first
+        rows = min(count, first + _ROWS_PER_TASK) - first
         for j in range(n):
             any_attended = False
             for r in range(rows):
                 i = first + r
-                attended[r] = i == j
+                attended[r] = i + row_offset == j
                 mean = np.float32(0.0)
                 for h in range(heads):
                     weight = probabilities[b, h, i, j]
                     weights[r, h] = weight
                     attended[r] = attended[r] or weight != 0.0
                     mean += weight * projected_means[b, h, j]
-                if i == j:
+                if i + row_offset == j:
                     mean += input_means[b, i]
                 means[r] = mean
                 any_attended = any_attended or attended[r]
@@ -298,10 +342,10 @@ def _distances_kernel(
                             sum0[k] += a0 * f0 + a1 * f1 + a2 * f2 + a3 * f3
                             sum1[k] += c0 * f0 + c1 * f1 + c2 * f2 + c3 * f3
                 i0, i1 = first + r0, first + r1
-                if i0 == j:
+                if i0 + row_offset == j:
                     for k in range(size):
                         sum0[k] += inputs[b, i0, k]
-                if i1 == j:
+                if i1 + row_offset == j:
                     for k in range(size):
                         sum1[k] += inputs[b, i1, k]
                 total0 = np.float32(0.0)
@@ -341,12 +385,14 @@ def cosine_distances(zeroed_outputs: Tensor, outputs: Tensor) -> Tensor:
     return ((zeroed - original).square().sum(-1) / 2).transpose(1, 2)
 
 
-def normalised_rows(scores: Tensor, attention_mask: Tensor) -> Tensor:
-    """(B, n, n) non-negative ``scores`` with padding rows and columns set to 0 and each real
-    row divided by its sum; a real row with nothing left keeps its token whole (1 on the diagonal)."""
-    keep = attention_mask[:, :, None] & attention_mask[:, None, :]
-    scores = scores.float().clamp(min=0) * keep
+def normalised_rows(scores: Tensor, attention_mask: Tensor, start: int = 0) -> Tensor:
+    """(B, r, n) non-negative ``scores`` of the query rows start..start + r (all n by default)
+    with padding rows and columns set to 0 and each real row divided by its sum; a real row with
+    nothing left keeps its token whole (1 on the diagonal); ``attention_mask`` (B, n) bool."""
+    count, n = scores.shape[-2:]
+    rows = attention_mask[:, start : start + count, None]
+    scores = scores.float().clamp(min=0) * (rows & attention_mask[:, None, :])
     sums = scores.sum(-1, keepdim=True)
-    empty = (sums == 0) & attention_mask[:, :, None]
-    scores = scores + empty * torch.eye(scores.shape[-1], device=scores.device)
+    own = torch.arange(start, start + count, device=scores.device)[:, None] == torch.arange(n, device=scores.device)
+    scores = scores + ((sums == 0) & rows & own)
     return scores / torch.where(sums > 0, sums, torch.ones_like(sums))

@@ -12,6 +12,12 @@ itself, outside the interface (DeBERTa, MPNet, BLOOM, Falcon), gives instead the
 returns with ``output_attentions``, when only they are asked for. The model is left as it was
 (attention implementation, mode, hooks), also when the call raises; calls on one model from
 several threads run one at a time.
+
+With ``lean=True`` the attention function instead computes each call's output with the model's
+own implementation (``sdpa`` as loaded) and records, in place of the probabilities, what makes
+its scores (:class:`~captum_attnflow.hf.lean.AttentionScores`: queries, keys, mask, scaling),
+from which :mod:`captum_attnflow.hf.lean_heads` recomputes them block by block, and the output
+it mixed (the attention output before its projection).
 """
 
 from __future__ import annotations
@@ -25,14 +31,16 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import Tensor, nn
 from transformers import PreTrainedModel
-from transformers.masking_utils import eager_mask
+from transformers.masking_utils import eager_mask, sdpa_mask
 
 from captum_attnflow.hf.capture import attentions_of, in_run_order, maps_in_order, real_tokens_first_call
 from captum_attnflow.hf.inputs import as_tuple, check_mask_not_in_args, mask_keyword
+from captum_attnflow.hf.lean import AttentionScores, captured_scores, own_attention
 from captum_attnflow.hf.models import check_device, hf_models, outermost, owning_module
 from captum_attnflow.hf.state import eager_attention, implementation, register_attention, unchanged
 
 _NAME = "captum_attnflow_internals"
+_LEAN_NAME = "captum_attnflow_internals_lean"
 _CAPTURES: "weakref.WeakKeyDictionary[nn.Module, Internals]" = weakref.WeakKeyDictionary()
 
 
@@ -42,21 +50,31 @@ class Internals:
 
     Attributes:
         probabilities: per attention call, (B, H, n_q, n_k), the probabilities the model
-            multiplied with its values (in the autograd graph when gradients were asked for).
+            multiplied with its values (in the autograd graph when gradients were asked for);
+            none with ``lean=True``.
+        scores: with ``lean=True``, per attention call, what makes its scores, or None where
+            the call holds a term they cannot (:func:`~captum_attnflow.hf.lean.captured_scores`).
+        contexts: with ``lean=True``, per attention call, (B, n_q, H d) its output before the
+            output projection, as the model's own attention computed it.
         values: per attention call, (B, H, n_k, d) value vectors, grouped-query heads repeated.
         modules: per attention call, the attention module that made it.
         block_inputs: per hooked transformer block, its input hidden states (B, n, D).
         output: what the model returned.
         order: (B, n) the run's token order when a left-padded batch ran with its real tokens
             first (``order[b, k]`` = original position of the k-th token in the run), else None.
+        implementation: with ``lean=True``, the model's own attention implementation, which
+            computes each call's output.
     """
 
     probabilities: list[Tensor] = field(default_factory=list)
+    scores: list[AttentionScores | None] = field(default_factory=list)
+    contexts: list[Tensor] = field(default_factory=list)
     values: list[Tensor] = field(default_factory=list)
     modules: list[nn.Module] = field(default_factory=list)
     block_inputs: list[Tensor] = field(default_factory=list)
     output: Any = None
     order: Tensor | None = None
+    implementation: str | None = None
 
     def in_inputs_order(self, maps: Tensor) -> Tensor:
         """(..., B, n, n) matrices computed in the run's token order, rows and columns put back
@@ -100,6 +118,28 @@ def _internals_attention(
     return output, probabilities
 
 
+def _lean_internals_attention(
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[Tensor, None]:
+    internals = _CAPTURES[module]
+    function = own_attention(internals.implementation, module, kwargs)
+    output = function(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)[0]
+    heads = query.shape[1]
+    values = value.repeat_interleave(heads // value.shape[1], dim=1) if value.shape[1] != heads else value
+    internals.scores.append(captured_scores(module, query, key, attention_mask, scaling, kwargs))
+    internals.contexts.append(output.detach().reshape(*output.shape[:2], -1))  # (B, n, H, d) -> (B, n, H d)
+    internals.values.append(values.detach())
+    internals.modules.append(module)
+    return output, None
+
+
 def capture_internals(
     forward_func: Callable[..., Any],
     inputs: Tensor,
@@ -108,6 +148,7 @@ def capture_internals(
     gradients: bool = False,
     blocks: list[nn.Module] | None = None,
     after_block: Callable[[Internals], None] | None = None,
+    lean: bool = False,
 ) -> Internals:
     """Run ``forward_func`` once and keep its attention internals (see :class:`Internals`).
 
@@ -129,21 +170,31 @@ def capture_internals(
         after_block: called with the internals each time one of ``blocks`` has run (its input,
             probabilities and values the last kept), e.g. to use a layer's probabilities and
             drop them before the next layer makes its own.
+        lean: run the model's own attention and keep each call's scores and output
+            (``Internals.scores``, ``Internals.contexts``) instead of its probabilities (not
+            with ``gradients``); for the models of :func:`~captum_attnflow.hf.lean.supports_lean`.
 
     Returns:
         Internals: one entry per attention call, in call order; for a model whose attention
         runs outside the interface, asked for gradients and no blocks, the probabilities its
         outermost Hugging Face model returns (no values, modules or block inputs).
     """
+    if lean and gradients:
+        raise ValueError("capture_internals keeps no probabilities with lean=True, so no gradients: use lean=False.")
     module, call, order, _ = prepared_call(forward_func, inputs, additional_forward_args, attention_mask)
     internals = Internals(order=order)
-    register_attention(_NAME, _internals_attention, eager_mask)  # the additive masks eager attention gets
-    with unchanged(module), _recording(module, internals, blocks or [], after_block), implementation(module, _NAME):
+    if lean:
+        internals.implementation = outermost(hf_models(module))[0].config._attn_implementation
+        register_attention(_LEAN_NAME, _lean_internals_attention, sdpa_mask)  # the masks sdpa gets: bool, or None
+    else:
+        register_attention(_NAME, _internals_attention, eager_mask)  # the additive masks eager attention gets
+    name = _LEAN_NAME if lean else _NAME
+    with unchanged(module), _recording(module, internals, blocks or [], after_block), implementation(module, name):
         with torch.set_grad_enabled(gradients):
             internals.output = call()
     if not internals.probabilities and gradients and not blocks:
         internals.output, internals.probabilities = _returned_attentions(module, call)
-    if not internals.probabilities:
+    if not internals.probabilities and not internals.scores:
         raise ValueError(
             f"{type(module).__name__} ran no attention through transformers' attention-function interface; "
             "this method needs a model that does (BERT, GPT-2, Llama, ViT, T5, ... in transformers 5)."
