@@ -129,6 +129,28 @@ def test_shares_per_position_and_padding_side():
     assert model_state(model) == before
 
 
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_given_positions_compute_their_logits_alone(monkeypatch, side):
+    """A language model explained at given positions computes those positions' logits only
+    (``logits_to_keep``), and the relevance is what all logits give."""
+    from captum_attnflow.hf import lrp
+
+    model = _model("llama").double()
+    ids, mask = padded_batch(batch=3, n=7)
+    if side == "left":
+        ids, mask = _left(ids, mask)
+    last = mask.sum(1) - 1 if side == "right" else torch.full((3,), 6)
+    position = torch.stack([last - 1, last], 1)
+    calls = []
+    keep = lrp.kept_logits
+    monkeypatch.setattr(lrp, "kept_logits", lambda *args: calls.append(keep(*args)) or calls[-1])
+    kept = AttnLRP(model).attribute(ids, target=[[5, 9], [17, 3], [42, 8]], attention_mask=mask, position=position)
+    assert calls[-1] is not None and calls[-1].numel() <= 6
+    monkeypatch.setattr(lrp, "kept_logits", lambda *args: None)
+    every = AttnLRP(model).attribute(ids, target=[[5, 9], [17, 3], [42, 8]], attention_mask=mask, position=position)
+    torch.testing.assert_close(kept, every, atol=1e-12, rtol=0)
+
+
 def test_float32_model_with_its_own_attention_matches_float64():
     model = _model("llama")  # sdpa, float32: the rules run in the model's dtype
     ids, mask = padded_batch(batch=3, n=7)

@@ -151,6 +151,16 @@ def explained_positions(position: Any, mask: Tensor, causal: Callable[[], bool])
     return positions(position, mask)
 
 
+def given_positions(position: Any, inputs: Tensor, attention_mask: Tensor | None) -> tuple[Tensor, bool] | None:
+    """:func:`explained_positions` of a ``position`` the caller gave, known before the model
+    runs (token ids (B, n) ``inputs``): a language model then computes the logits of those
+    positions alone. None for the default position, which needs the run's causality, and for
+    other inputs."""
+    if position is None or inputs.dim() != 2:
+        return None
+    return positions(position, as_mask(attention_mask, *inputs.shape, inputs.device))
+
+
 def as_returned(rows: Tensor, has_axis: bool, inputs: Tensor) -> Tensor:
     """Rows (..., B, S, n) as ``attribute`` returns them: without the S axis when the caller gave
     one position per example (``has_axis`` False), on the inputs' device."""

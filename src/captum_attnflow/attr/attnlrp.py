@@ -13,6 +13,7 @@ from captum_attnflow.attr._base import (
     AttentionAttribution,
     as_returned,
     explained_positions,
+    given_positions,
     progress_bar,
 )
 from captum_attnflow.attr.gradient_rollout import _TARGET_DOC
@@ -145,15 +146,17 @@ class AttnLRP(AttentionAttribution, GradientAttribution):
         positions, whether they have an axis, and the (B, S') scores in the graph (S' = 1 for a
         classifier, whose score is the same for every position)."""
         inputs, args, attention_mask, _ = self._checked_inputs(inputs, additional_forward_args, attention_mask)
-        run = attnlrp_forward(self.forward_func, inputs, args, attention_mask, shares=shares)
+        known = given_positions(position, inputs, attention_mask)
+        run = attnlrp_forward(self.forward_func, inputs, args, attention_mask, shares=shares,
+                              positions=None if known is None else known[0])
         batch, n = run.tokens.shape[:2]
         mask = as_mask(attention_mask, batch, n, run.tokens.device)
-        sources, has_axis = explained_positions(position, mask, lambda: run.causal)
+        sources, has_axis = known if known is not None else explained_positions(position, mask, lambda: run.causal)
         # A language model's positions each explain their own logit (one backward each); a
         # classifier's score is the same for all.
         count = sources.shape[1] if output_scores(run.output).dim() == 3 else 1
         with torch.enable_grad():  # scores selected in the graph also under a caller's torch.no_grad()
-            scores = target_scores(run.output, target, run.run_positions(sources), contrast)[:, :count]  # (B, S')
+            scores = target_scores(run.output, target, run.logit_rows(sources), contrast)[:, :count]  # (B, S')
         return inputs, run, mask, sources, has_axis, scores
 
     @fill_docstring(args=_SHARES_DOC)

@@ -12,6 +12,7 @@ from captum_attnflow.attr._base import (
     AttentionAttribution,
     as_returned,
     explained_positions,
+    given_positions,
     pooled_rows,
     progress_bar,
     with_internals_args,
@@ -193,11 +194,7 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         """:meth:`attribute` on the lean path (returns as :meth:`_stored`): one backward pass per explained score, each layer's
         :math:`\\bar A_l` in row blocks from the queries, keys, values and output gradient. None
         where an attention call's scores cannot be recomputed (the stored path then serves)."""
-        # Given positions are known before the run (a language model then computes their logits
-        # alone); the default needs the run's causality.
-        known = None
-        if position is not None and inputs.dim() == 2:
-            known = explained_positions(position, as_mask(attention_mask, *inputs.shape, inputs.device), lambda: False)
+        known = given_positions(position, inputs, attention_mask)
         capture = capture_attention_gradients(
             self.forward_func, inputs, args, attention_mask, None if known is None else known[0]
         )

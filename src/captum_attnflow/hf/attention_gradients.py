@@ -22,21 +22,21 @@ It applies to the model types whose attention scores are exactly :math:`q k^\\to
 
 from __future__ import annotations
 
-import inspect
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from torch import Tensor, nn
-from transformers import PreTrainedModel
 from transformers.masking_utils import sdpa_mask
 
+from captum_attnflow.hf.capture import in_run_order
 from captum_attnflow.hf.internals import prepared_call
 from captum_attnflow.hf.lean import (
     LEAN_MODEL_TYPES, AttentionScores, _scratch_size, captured_scores, fused_blocks, own_attention, row_product,
 )
 from captum_attnflow.hf.models import hf_models
+from captum_attnflow.hf.scores import kept_logits, logit_rows
 from captum_attnflow.hf.state import implementation, register_attention, unchanged, uses_substituted_attention
 
 # Model types whose attention scores are q k^T s plus the mask transformers builds (tested
@@ -103,7 +103,7 @@ class AttentionGradients:
 
     def logit_rows(self, positions: Tensor) -> Tensor:
         """The rows of the output's logits (B, S) that hold the run's ``positions`` (B, S)."""
-        return positions if self.kept is None else torch.searchsorted(self.kept, positions)
+        return logit_rows(self.kept, positions)
 
     def output_gradients(self, score: Tensor, calls: Iterable[int], retain_graph: bool = True) -> dict[int, Tensor]:
         """:math:`\\nabla O_l`: the gradient of ``score`` (a scalar, e.g. a sum of per-example
@@ -208,9 +208,8 @@ def capture_attention_gradients(
     threads run one at a time.
     """
     module, call, order, mask = prepared_call(forward_func, inputs, additional_forward_args, attention_mask)
-    kept = None
-    if positions is not None and _keeps_logits(forward_func):
-        kept = (positions if order is None else order.argsort(dim=-1).gather(1, positions)).unique()
+    run_positions = positions if positions is None or order is None else in_run_order(positions, order)
+    kept = kept_logits(forward_func, run_positions)
     capture = AttentionGradients(order=order, mask=mask, device=inputs.device, kept=kept)
     register_attention(_NAME, _gradient_attention, sdpa_mask)  # the masks sdpa gets: bool, or None to skip
     with unchanged(module):
@@ -231,8 +230,3 @@ def capture_attention_gradients(
         )
     return capture
 
-
-def _keeps_logits(forward_func: Callable[..., Any]) -> bool:
-    """Whether ``forward_func`` is a Hugging Face model that computes the logits of chosen
-    positions only (a language model's ``logits_to_keep``, a 1-D tensor of positions)."""
-    return isinstance(forward_func, PreTrainedModel) and "logits_to_keep" in inspect.signature(forward_func.forward).parameters

@@ -53,7 +53,7 @@ from captum_attnflow.hf.dispatch import onloaded
 from captum_attnflow.hf.inputs import as_tuple, check_mask_not_in_args, mask_keyword
 from captum_attnflow.hf.lean import attends_causally, scale_and_causality
 from captum_attnflow.hf.models import check_device, main_model, owning_module
-from captum_attnflow.hf.scores import input_embeddings
+from captum_attnflow.hf.scores import input_embeddings, kept_logits, logit_rows
 from captum_attnflow.hf.state import implementation, register_attention, unchanged
 
 _NAME = "captum_attnflow_attnlrp"
@@ -84,6 +84,8 @@ class LRPRun:
         biased: ``(output (B, ..., D_out), bias (D_out,))`` of every call of a layer with a bias
             (linear layers, LayerNorms), the output whose gradient is the bias's; recorded only
             for :meth:`shares`.
+        kept: the run's positions whose logits a language model computed (its
+            ``logits_to_keep``, :func:`~captum_attnflow.hf.scores.kept_logits`), or None for all.
     """
 
     output: Any = None
@@ -95,10 +97,15 @@ class LRPRun:
     attention: Callable[..., tuple[Tensor, Any]] = sdpa_attention_forward
     others: list[Tensor] = field(default_factory=list)
     biased: list[tuple[Tensor, Tensor]] = field(default_factory=list)
+    kept: Tensor | None = None
 
     def run_positions(self, positions: Tensor) -> Tensor:
         """(B, S) positions of the inputs, as positions in the run."""
         return positions if self.order is None else in_run_order(positions, self.order)
+
+    def logit_rows(self, positions: Tensor) -> Tensor:
+        """(B, S) the rows of the output's logits holding the inputs' ``positions`` (B, S)."""
+        return logit_rows(self.kept, self.run_positions(positions))
 
     def relevance(self, score: Tensor, retain_graph: bool = False) -> Tensor:
         """(B, n) relevance of every token for ``score`` (B,) (selected from ``output`` with autograd
@@ -411,6 +418,7 @@ def attnlrp_forward(
     additional_forward_args: Any = None,
     attention_mask: Tensor | None = None,
     shares: bool = False,
+    positions: Tensor | None = None,
 ) -> LRPRun:
     """Run ``forward_func`` once under AttnLRP's rules (see the module docstring).
 
@@ -420,7 +428,9 @@ def attnlrp_forward(
     ``forward_func(inputs, *additional_forward_args)`` (plus ``attention_mask=`` where its forward
     takes it). Autograd is on for the pass also inside ``torch.no_grad()``; parameters' ``.grad``
     are never touched (:meth:`LRPRun.relevance` differentiates with respect to the leaf only).
-    ``shares=True`` also records what :meth:`LRPRun.shares` needs.
+    ``shares=True`` also records what :meth:`LRPRun.shares` needs. ``positions`` (B, S), the
+    explained positions of the inputs if known: a language model then computes their logits
+    alone (:attr:`LRPRun.kept`).
 
     Raises:
         TypeError: ``forward_func`` holds no Hugging Face model.
@@ -452,6 +462,9 @@ def attnlrp_forward(
         inputs, args, kwargs, run.order = real_tokens_first_call(inputs, args, attention_mask)
     else:
         kwargs = mask_keyword(forward_func, args, attention_mask)
+    run.kept = kept_logits(forward_func, None if positions is None else run.run_positions(positions))
+    if run.kept is not None:
+        kwargs["logits_to_keep"] = run.kept
     run.attention = ALL_ATTENTION_FUNCTIONS.get(model.config._attn_implementation, sdpa_attention_forward)
     register_attention(_NAME, _attnlrp_attention, sdpa_mask)  # the masks sdpa gets: bool, or None to skip
     with unchanged(module), _rules(model, architecture, blocks, run), implementation(module, _NAME):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable
 
 import torch
@@ -310,3 +311,21 @@ def _indices(target: Any, scores: Tensor, kind: str, name: str) -> Tensor:
             f"{kind}, 0..{scores.shape[-1] - 1}."
         )
     return (indices.reshape(-1, 1) if indices.dim() < 2 else indices).expand(batch, count)
+
+
+def kept_logits(forward_func: Callable[..., Any], run_positions: Tensor | None) -> Tensor | None:
+    """The positions of a run whose logits a Hugging Face language model need compute to score
+    ``run_positions`` (B, S): sorted, 1-D, its ``logits_to_keep`` (the (B, n, V) logits and
+    their gradient cost 8 GB at Llama-3's vocabulary and n = 16384). None where the positions
+    are unknown or ``forward_func`` takes no ``logits_to_keep``: all logits are computed."""
+    if run_positions is None or not isinstance(forward_func, PreTrainedModel):
+        return None
+    if "logits_to_keep" not in inspect.signature(forward_func.forward).parameters:
+        return None
+    return run_positions.unique()
+
+
+def logit_rows(kept: Tensor | None, run_positions: Tensor) -> Tensor:
+    """The rows of a run's logits (B, S) holding ``run_positions`` (B, S), when that run
+    computed the logits of the positions ``kept`` alone (:func:`kept_logits`; None: all)."""
+    return run_positions if kept is None else torch.searchsorted(kept, run_positions)
