@@ -99,41 +99,44 @@ class Table:
 
 
 def bert_table(sizes: list[int], device: torch.device, smoke: bool) -> None:
+    for n in sizes:  # one model at a time on the device
+        _bert_rows(n, device, smoke)
+
+
+def _bert_rows(n: int, device: torch.device, smoke: bool) -> None:
     from captum_attnflow import ALTI, AttentionNorm, AttentionRollout, AttnLRP, GradientWeightedRollout, ValueZeroing
 
-    for n in sizes:
-        torch.manual_seed(0)
-        geometry = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64) if smoke else {}
-        config = transformers.BertConfig(max_position_embeddings=n, num_labels=2, **geometry)
-        with device:  # initialised where it runs
-            model = transformers.BertForSequenceClassification(config).eval()
-        ids = torch.randint(1000 if not smoke else 5, config.vocab_size, (1, n), device=device)
-        table = Table(
-            f"BERT-base geometry (L={config.num_hidden_layers}, H={config.num_attention_heads}, hidden "
-            f"{config.hidden_size}), float32, B = 1, n = {n}",
-            ("sdpa forward", "forward + backward"), device,
-        )
+    torch.manual_seed(0)
+    geometry = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64) if smoke else {}
+    config = transformers.BertConfig(max_position_embeddings=n, num_labels=2, **geometry)
+    with device:  # initialised where it runs
+        model = transformers.BertForSequenceClassification(config).eval()
+    ids = torch.randint(1000 if not smoke else 5, config.vocab_size, (1, n), device=device)
+    table = Table(
+        f"BERT-base geometry (L={config.num_hidden_layers}, H={config.num_attention_heads}, hidden "
+        f"{config.hidden_size}), float32, B = 1, n = {n}",
+        ("sdpa forward", "forward + backward"), device,
+    )
 
-        def forward():
-            with torch.no_grad():
-                return model(ids).logits
+    def forward():
+        with torch.no_grad():
+            return model(ids).logits
 
-        def forward_backward():
-            model(ids).logits[:, 0].sum().backward()
-            model.zero_grad(set_to_none=True)
+    def forward_backward():
+        model(ids).logits[:, 0].sum().backward()
+        model.zero_grad(set_to_none=True)
 
-        table.row("sdpa forward", forward)
-        table.row("forward + backward", forward_backward)
-        table.row("rollout, every layer (lean)", lambda: AttentionRollout(model).attribute(ids, position=0, layer=None))
-        table.row("gradient-weighted rollout, every layer",
-                  lambda: GradientWeightedRollout(model).attribute(ids, target=0, position=0, layer=None))
-        table.row("AttnLRP", lambda: AttnLRP(model).attribute(ids, target=0))
-        if n <= 4096:
-            table.row("ALTI, every layer", lambda: ALTI(model).attribute(ids, position=0, layer=None))
-            table.row("attention norms", lambda: AttentionNorm(model).attribute(ids, position=0))
-        if n <= 512:
-            table.row("value zeroing, every layer", lambda: ValueZeroing(model).attribute(ids, position=0, layer=None))
-        del model
+    table.row("sdpa forward", forward)
+    table.row("forward + backward", forward_backward)
+    table.row("rollout, every layer (lean)", lambda: AttentionRollout(model).attribute(ids, position=0, layer=None))
+    table.row("gradient-weighted rollout, every layer",
+              lambda: GradientWeightedRollout(model).attribute(ids, target=0, position=0, layer=None))
+    table.row("AttnLRP", lambda: AttnLRP(model).attribute(ids, target=0))
+    if n <= 4096:
+        table.row("ALTI, every layer", lambda: ALTI(model).attribute(ids, position=0, layer=None))
+        table.row("attention norms", lambda: AttentionNorm(model).attribute(ids, position=0))
+    if n <= 512:
+        table.row("value zeroing, every layer", lambda: ValueZeroing(model).attribute(ids, position=0, layer=None))
 
 
 def llama_table(tokens: int, device: torch.device, smoke: bool) -> None:
@@ -176,35 +179,38 @@ def llama_table(tokens: int, device: torch.device, smoke: bool) -> None:
     table.row("captum", lambda: captum.attribute(TextTokenInput(prompt, tokenizer), target=target))
     table.row("gradient-weighted rollout (LLM wrapper)",
               lambda: ours.attribute(TextTokenInput(prompt, tokenizer), target=target, show_progress=False))
-    del model
 
 
 def kernel_table(device: torch.device, smoke: bool) -> None:
     """One attention layer's recomputation alone, random queries and keys: the layer's own sdpa
     attention beside the row statistics pass, the row product (16 vectors, statistics
     included) and the fused probabilities of every row written out (the blocks' path)."""
-    from captum_attnflow.hf import lean_triton
-
     geometries = [("BERT-base layer", 12, 12, 8192, False, torch.float32),
                   ("Llama-3.2-1B layer", 32, 8, 16384, True, torch.bfloat16)]
-    for name, heads, kv_heads, n, causal, dtype in geometries:
-        n = 96 if smoke else n
-        torch.manual_seed(0)
-        query = torch.randn(1, heads, n, 64, device=device, dtype=dtype)
-        key, value = torch.randn(2, 1, kv_heads, n, 64, device=device, dtype=dtype)
-        real = torch.ones(1, n, dtype=torch.bool, device=device)
-        vectors = torch.rand(1, 16, n, device=device)
-        table = Table(f"{name} alone ({heads} heads, {kv_heads} key heads, d = 64), {str(dtype)[6:]}, n = {n}"
-                      f"{', causal' if causal else ''}", ("sdpa",), device)
-        table.row("sdpa", lambda: torch.nn.functional.scaled_dot_product_attention(
-            query, key, value, is_causal=causal, enable_gqa=kv_heads != heads))
-        table.row("row statistics (pass 1)", lambda: lean_triton.row_product(query, key, None, 0.125, causal, n, real))
-        product = lean_triton.row_product(query, key, None, 0.125, causal, n, real)
-        table.row("row product of 16 vectors (pass 2)", lambda: product(vectors))
-        out = torch.empty(1, n, n, device=device)
-        table.row("fused probabilities written (both passes)", lambda: lean_triton.fused_probabilities(
-            query, key, None, 0.125, causal, "mean", out))
-        del out, product
+    for geometry in geometries:  # one layer's tensors at a time on the device
+        _kernel_rows(*geometry, device=device, smoke=smoke)
+
+
+def _kernel_rows(name: str, heads: int, kv_heads: int, n: int, causal: bool, dtype: torch.dtype, device: torch.device,
+                 smoke: bool) -> None:
+    from captum_attnflow.hf import lean_triton
+
+    n = 96 if smoke else n
+    torch.manual_seed(0)
+    query = torch.randn(1, heads, n, 64, device=device, dtype=dtype)
+    key, value = torch.randn(2, 1, kv_heads, n, 64, device=device, dtype=dtype)
+    real = torch.ones(1, n, dtype=torch.bool, device=device)
+    vectors = torch.rand(1, 16, n, device=device)
+    table = Table(f"{name} alone ({heads} heads, {kv_heads} key heads, d = 64), {str(dtype)[6:]}, n = {n}"
+                  f"{', causal' if causal else ''}", ("sdpa",), device)
+    table.row("sdpa", lambda: torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, is_causal=causal, enable_gqa=kv_heads != heads))
+    table.row("row statistics (pass 1)", lambda: lean_triton.row_product(query, key, None, 0.125, causal, n, real))
+    product = lean_triton.row_product(query, key, None, 0.125, causal, n, real)
+    table.row("row product of 16 vectors (pass 2)", lambda: product(vectors))
+    out = torch.empty(1, n, n, device=device)
+    table.row("fused probabilities written (both passes)", lambda: lean_triton.fused_probabilities(
+        query, key, None, 0.125, causal, "mean", out))
 
 
 def main(argv: list[str] | None = None) -> None:
