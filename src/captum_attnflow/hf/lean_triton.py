@@ -33,6 +33,7 @@ path.
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable
 
 import torch
@@ -336,6 +337,9 @@ def _bench(kernel_call: Callable[[], Any], quantiles: Any) -> Any:
     return triton.testing.do_bench(kernel_call, warmup=5, rep=20, quantiles=quantiles)
 
 
+# Triton's autotuner is not thread-safe (it stores a call's arguments on itself); launches
+# are asynchronous, so holding this for one costs microseconds.
+_TUNING = threading.Lock()
 # Shorter calls take the default tiles: a few microseconds to gain, seconds of tuning to pay.
 _TUNED_KEYS = 1024
 # Timed on a GPU once per kind of call (these arguments and the tensors' dtypes), each kernel
@@ -364,7 +368,8 @@ def _launch(kernel: triton.JITFunction, device: torch.device, grid: Callable[[di
     :data:`_TUNED_KEYS` keys; else the tiles of :data:`_TILE` (the interpreter's on CPU
     tensors), halved rows for heads larger than 64."""
     if device.type != "cpu" and kwargs["n_keys"] >= _TUNED_KEYS:
-        _TUNED[kernel][grid](*args, **kwargs)
+        with _TUNING:  # the autotuner keeps each call's arguments on itself: one launch at a time
+            _TUNED[kernel][grid](*args, **kwargs)
         return
     block_m, block_n = _TILE if kwargs["BLOCK_D"] <= 64 else (_TILE[0] // 2, _TILE[1])
     tiles = {"BLOCK_M": block_m, "BLOCK_N": block_n}
