@@ -278,6 +278,12 @@ def test_row_products_equal_the_product_with_the_map(monkeypatch, chunked):
         expected, sums = _product_reference(scores, vectors, allowed.float())
         torch.testing.assert_close(product(vectors.to(DEVICE)).cpu(), expected, atol=1e-6, rtol=0, msg=name)
         torch.testing.assert_close(product.real_sums.cpu(), sums, atol=1e-6, rtol=0, msg=name)
+        # every key real: the row sums come from the statistics alone (1, or 0 for a row without keys)
+        every = torch.ones_like(allowed)
+        product = lean_triton.row_product(query.to(DEVICE), key.to(DEVICE), None if mask is None else mask.to(DEVICE),
+                                          0.3, causal, 37, real_keys=every.to(DEVICE))
+        _, sums = _product_reference(scores, vectors, every.float())
+        torch.testing.assert_close(product.real_sums.cpu(), sums, atol=1e-6, rtol=0, msg=name)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
