@@ -82,7 +82,8 @@ def explainer(path: str, model, tokenizer):
         method = LLMGradientAttribution(LayerGradientXActivation(model, model.get_input_embeddings()), tokenizer)
     else:
         cls, lean = METHODS[path]
-        method = LLMAttentionAttribution(getattr(captum_attnflow, cls)(model, lean=lean), tokenizer)
+        options = {} if lean is None else {"lean": lean}  # AttnLRP has one path
+        method = LLMAttentionAttribution(getattr(captum_attnflow, cls)(model, **options), tokenizer)
     options = {} if path == "captum" else {"show_progress": False}
 
     def attribute(prompt, target):
