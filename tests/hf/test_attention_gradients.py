@@ -9,7 +9,7 @@ import torch
 import transformers
 from helpers import CONFIGS, make_tiny_model, model_state, padded_batch
 
-from captum_attnflow import GradientWeightedRollout, load_agreement_model
+from captum_attnflow import AttnLRP, GradientWeightedRollout, load_agreement_model
 from captum_attnflow.hf import lean
 from captum_attnflow.hf.attention_gradients import capture_attention_gradients, supports_attention_gradients
 
@@ -116,6 +116,25 @@ def test_a_language_model_computes_the_logits_of_the_explained_positions_alone()
     picked = torch.arange(2)[:, None]
     run = position if full.order is None else full.order.argsort(-1).gather(1, position)
     torch.testing.assert_close(capture.output.logits[picked, rows], full.output.logits[picked, run], atol=1e-5, rtol=0)
+
+
+def test_a_model_that_takes_logits_to_keep_but_computes_every_logit():
+    """A language model whose forward accepts ``logits_to_keep`` and ignores it: the scores are
+    still each position's own logit (the rows found from the logits' shape)."""
+
+    class EveryLogit(transformers.LlamaForCausalLM):
+        def forward(self, *args, logits_to_keep=0, **kwargs):
+            return super().forward(*args, **kwargs)
+
+    model = _with_head("llama")
+    ignoring = EveryLogit(model.config).eval()
+    ignoring.load_state_dict(model.state_dict())
+    ids, mask = padded_batch(seed=8, batch=2, n=9)
+    position, target = torch.tensor([[5, 7], [1, 2]]), torch.tensor([[5, 9], [17, 3]])  # kept: 1, 2, 5, 7
+    for method in (GradientWeightedRollout, AttnLRP):
+        expected = method(model).attribute(ids, target=target, attention_mask=mask, position=position)
+        ours = method(ignoring).attribute(ids, target=target, attention_mask=mask, position=position)
+        torch.testing.assert_close(ours, expected, atol=1e-6, rtol=0)
 
 
 def test_the_backward_pass_keeps_no_attention_map():

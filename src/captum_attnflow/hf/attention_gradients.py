@@ -36,7 +36,7 @@ from captum_attnflow.hf.lean import (
     LEAN_MODEL_TYPES, AttentionScores, _scratch_size, captured_scores, fused_blocks, own_attention, row_product,
 )
 from captum_attnflow.hf.models import hf_models
-from captum_attnflow.hf.scores import kept_logits, logit_rows
+from captum_attnflow.hf.scores import kept_in, kept_logits, logit_rows
 from captum_attnflow.hf.state import implementation, register_attention, unchanged, uses_substituted_attention
 
 # Model types whose attention scores are q k^T s plus the mask transformers builds (tested
@@ -220,6 +220,7 @@ def capture_attention_gradients(
         try:
             with implementation(module, _NAME), torch.enable_grad():
                 capture.output = call() if kept is None else call(logits_to_keep=kept)
+            capture.kept = kept_in(capture.output, kept)
         finally:
             for submodule in list(module.modules()):
                 _CAPTURES.pop(submodule, None)

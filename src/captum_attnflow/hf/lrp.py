@@ -53,7 +53,7 @@ from captum_attnflow.hf.dispatch import onloaded
 from captum_attnflow.hf.inputs import as_tuple, check_mask_not_in_args, mask_keyword
 from captum_attnflow.hf.lean import attends_causally, scale_and_causality
 from captum_attnflow.hf.models import check_device, main_model, owning_module
-from captum_attnflow.hf.scores import input_embeddings, kept_logits, logit_rows
+from captum_attnflow.hf.scores import input_embeddings, kept_in, kept_logits, logit_rows
 from captum_attnflow.hf.state import implementation, register_attention, unchanged
 
 _NAME = "captum_attnflow_attnlrp"
@@ -472,6 +472,7 @@ def attnlrp_forward(
         try:
             with torch.enable_grad():
                 run.output = forward_func(inputs, *args, **kwargs)
+            run.kept = kept_in(run.output, run.kept)
         finally:
             for handle in handles:
                 handle.remove()

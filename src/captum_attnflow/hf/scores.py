@@ -325,6 +325,16 @@ def kept_logits(forward_func: Callable[..., Any], run_positions: Tensor | None) 
     return run_positions.unique()
 
 
+def kept_in(output: Any, kept: Tensor | None) -> Tensor | None:
+    """``kept`` if the language model's ``output`` holds the logits of those positions alone,
+    None if it computed every position's (a model that takes ``logits_to_keep`` but reads it
+    otherwise): what :func:`logit_rows` then needs."""
+    scores = output_scores(output)
+    if kept is None or not isinstance(scores, Tensor) or scores.dim() != 3 or scores.shape[1] == kept.numel():
+        return kept
+    return None
+
+
 def logit_rows(kept: Tensor | None, run_positions: Tensor) -> Tensor:
     """The rows of a run's logits (B, S) holding ``run_positions`` (B, S), when that run
     computed the logits of the positions ``kept`` alone (:func:`kept_logits`; None: all)."""
