@@ -210,7 +210,7 @@ def capture_attention_gradients(
     module, call, order, mask = prepared_call(forward_func, inputs, additional_forward_args, attention_mask)
     run_positions = positions if positions is None or order is None else in_run_order(positions, order)
     kept = kept_logits(forward_func, run_positions)
-    capture = AttentionGradients(order=order, mask=mask, device=inputs.device, kept=kept)
+    capture = AttentionGradients(order=order, mask=mask, device=inputs.device)
     register_attention(_NAME, _gradient_attention, sdpa_mask)  # the masks sdpa gets: bool, or None to skip
     with unchanged(module):
         saved = {id(m): m.config._attn_implementation for m in hf_models(module)}
