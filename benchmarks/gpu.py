@@ -193,7 +193,7 @@ def kernel_table(device: torch.device, smoke: bool) -> None:
 
 def _kernel_rows(name: str, heads: int, kv_heads: int, n: int, causal: bool, dtype: torch.dtype, device: torch.device,
                  smoke: bool) -> None:
-    from captum_attnflow.hf import lean_triton
+    from captum_attnflow.capture import lean_triton
 
     n = 96 if smoke else n
     torch.manual_seed(0)

@@ -25,7 +25,7 @@ PUBLIC_MODULES = (
     "captum_attnflow.benchmark",
     "captum_attnflow.data",
     "captum_attnflow.models",
-    "captum_attnflow.hf.capture",
+    "captum_attnflow.capture.maps",
     "captum_attnflow.hf.state",
     "captum_attnflow.visualize",
     "captum_attnflow.visualize.html",

@@ -22,8 +22,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from captum_attnflow.capture import lean_triton
 from captum_attnflow.functional import decomposition_triton
-from captum_attnflow.hf import lean_triton
 
 H100 = GPUTarget("cuda", 90, 32)
 TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.bool: "i1", torch.int64: "i64"}

@@ -8,9 +8,9 @@ import pytest
 
 import captum_attnflow
 
-from captum_attnflow.docstrings import fill_docstring
 from captum_attnflow.attr import AttentionFlow, AttentionRollout, AttnLRP, RawAttention
 from captum_attnflow.baselines import BlankOut, TokenInputXGradient, TokenIntegratedGradients, TokenSaliency
+from captum_attnflow.docstrings import fill_docstring
 from captum_attnflow.evaluate import aopc_comprehensiveness, aopc_sufficiency, deletion_area, log_odds
 
 
@@ -91,7 +91,7 @@ MODULES_WITH_EXAMPLES = _modules_with_examples()
 
 
 def test_public_modules_have_examples():
-    expected = {"captum_attnflow.functional.rollout", "captum_attnflow.attr.flow", "captum_attnflow.hf.capture",
+    expected = {"captum_attnflow.functional.rollout", "captum_attnflow.attr.flow", "captum_attnflow.capture.maps",
                 "captum_attnflow.evaluate.evaluator", "captum_attnflow.baselines.blank_out", "captum_attnflow.cli"}
     assert expected <= set(MODULES_WITH_EXAMPLES)
 

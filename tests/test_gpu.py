@@ -153,7 +153,7 @@ def test_every_method_on_a_model_dispatched_over_two_devices(arch, dtype, tmp_pa
 
 
 # Every other method, float32 and bfloat16: on CUDA the lean blocks, the gradient-weighted maps,
-# ALTI's distances and the norms run in the Triton kernels (hf/lean_triton.py,
+# ALTI's distances and the norms run in the Triton kernels (capture/lean_triton.py,
 # functional/decomposition_triton.py), value zeroing in chunks sized by the GPU's free memory.
 INTERNALS_METHODS = {"alti": "ALTI", "norms": "AttentionNorm", "value zeroing": "ValueZeroing",
                      "gradient-weighted rollout": "GradientWeightedRollout", "attnlrp": "AttnLRP"}
@@ -246,8 +246,8 @@ def test_evaluator_agrees():
 def test_kernels_equal_the_torch_path_at_size(dtype, causal, monkeypatch):
     """The compiled kernels at BERT-like and Llama-like head counts, n = 1000 (many tiles), in
     row blocks, against the torch path on the same device (TF32 off, torch's default)."""
-    from captum_attnflow.hf import lean
-    from captum_attnflow.hf.lean import AttentionScores, fused_blocks
+    from captum_attnflow.capture import lean_blocks
+    from captum_attnflow.capture.lean_blocks import AttentionScores, fused_blocks
 
     generator = torch.Generator().manual_seed(0)
     heads, kv_heads = (12, 12) if not causal else (32, 8)
@@ -267,9 +267,9 @@ def test_kernels_equal_the_torch_path_at_size(dtype, causal, monkeypatch):
             out[:, start:stop, : block.shape[-1]] = block
         return out
 
-    assert lean._kernels(DEVICE) is not None, "triton ships with torch's CUDA builds"
+    assert lean_blocks._kernels(DEVICE) is not None, "triton ships with torch's CUDA builds"
     results = {gradient: whole(gradient) for gradient in (None, (grad_output, value))}
-    monkeypatch.setattr(lean, "_kernels", lambda device: None)
+    monkeypatch.setattr(lean_blocks, "_kernels", lambda device: None)
     for gradient, ours in results.items():
         tolerance = dict(atol=1e-6, rtol=1e-5) if dtype == torch.float32 else dict(atol=1e-5, rtol=1e-4)
         torch.testing.assert_close(ours, whole(gradient), **tolerance)

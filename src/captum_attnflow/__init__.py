@@ -25,7 +25,7 @@ _EXPORTS = {
     "LLMAttentionAttribution": "captum_attnflow.attr",
     "RawAttention": "captum_attnflow.attr",
     "eager_attention": "captum_attnflow.hf",
-    "extract_attentions": "captum_attnflow.hf",
+    "extract_attentions": "captum_attnflow.capture",
     "load_agreement_lm": "captum_attnflow.models",
     "load_agreement_model": "captum_attnflow.models",
 }

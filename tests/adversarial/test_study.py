@@ -15,8 +15,8 @@ from captum_attnflow.adversarial.global_adversarial import adversarial_models, c
 from captum_attnflow.adversarial.per_instance import per_instance_adversary
 from captum_attnflow.adversarial.tasks import agreement_task, chunking_task, forward
 from captum_attnflow.adversarial.training import adversarial_loss, stored_attention, train, uniform_attention
+from captum_attnflow.capture import inject_attention
 from captum_attnflow.cli import main
-from captum_attnflow.hf import inject_attention
 from captum_attnflow.models import AgreementConfig, AgreementModel
 from captum_attnflow.models.tagger import TaggerModel, yang_tagger_config
 

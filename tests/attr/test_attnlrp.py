@@ -133,7 +133,7 @@ def test_shares_per_position_and_padding_side():
 def test_given_positions_compute_their_logits_alone(monkeypatch, side):
     """A language model explained at given positions computes those positions' logits only
     (``logits_to_keep``), and the relevance is what all logits give."""
-    from captum_attnflow.hf import lrp
+    from captum_attnflow.capture import lrp
 
     model = _model("llama").double()
     ids, mask = padded_batch(batch=3, n=7)

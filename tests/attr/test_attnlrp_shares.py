@@ -13,8 +13,8 @@ import transformers
 from families import DECODERS, FAMILIES, family_config
 
 from captum_attnflow import AttnLRP, load_agreement_model
+from captum_attnflow.capture.support import FAMILIES as NAMES
 from captum_attnflow.hf.architectures import ARCHITECTURES
-from captum_attnflow.hf.support import FAMILIES as NAMES
 from captum_attnflow.models.language_model import load_agreement_lm
 
 PAGE = Path(__file__).parents[2] / "docs" / "methods" / "attnlrp.md"

@@ -21,7 +21,7 @@ from references import (
 )
 
 from captum_attnflow import ALTI, AttentionNorm, AttnLRP, GradientWeightedRollout, ValueZeroing
-from captum_attnflow.hf.decomposition import alti_maps, attention_norm_maps, value_zeroing_maps
+from captum_attnflow.capture.decomposition import alti_maps, attention_norm_maps, value_zeroing_maps
 from helpers import model_state
 
 # The table's families written out in tests/references.py; their sliding windows off (the
@@ -244,7 +244,7 @@ def test_returned_probabilities_give_what_the_interface_gives(monkeypatch):
     ids, mask = family_inputs("right", n=7)
     expected = GradientWeightedRollout(model, lean=False).attribute(ids, target=[0, 2, 1], attention_mask=mask, layer=None)
     # the model's attention now bypasses the capture
-    monkeypatch.setattr("captum_attnflow.hf.internals.implementation", lambda module, name: contextlib.nullcontext())
+    monkeypatch.setattr("captum_attnflow.capture.internals.implementation", lambda module, name: contextlib.nullcontext())
     ours = GradientWeightedRollout(model, lean=False).attribute(ids, target=[0, 2, 1], attention_mask=mask, layer=None)
     torch.testing.assert_close(ours, expected, atol=1e-6, rtol=0)
     with pytest.raises(ValueError, match="ran no attention through"):

@@ -17,7 +17,7 @@ from references import (
 )
 
 from captum_attnflow import ALTI, AttentionNorm, GradientWeightedRollout, ValueZeroing, load_agreement_model
-from captum_attnflow.hf.decomposition import alti_maps, attention_norm_maps, value_zeroing_maps
+from captum_attnflow.capture.decomposition import alti_maps, attention_norm_maps, value_zeroing_maps
 
 ARCHS = ["bert", "distilbert", "roberta", "gpt2", "llama"]
 DECOMPOSITIONS = [

@@ -20,12 +20,12 @@ from captum_attnflow import (
     RawAttention,
     ValueZeroing,
 )
+from captum_attnflow.capture import seq2seq_attentions
 from captum_attnflow.functional.encoder_decoder import (
     encoder_decoder_flow,
     encoder_decoder_raw_attention,
     encoder_decoder_rollout,
 )
-from captum_attnflow.hf import seq2seq_attentions
 from captum_attnflow.models.language_model import build_lm_tokenizer
 
 matplotlib.use("Agg")
@@ -112,7 +112,7 @@ def test_the_papers_methods_run_lean_and_equal_the_stored_path(arch, side, token
     """Raw attention, rollout and flow on the lean capture (no eager maps; raw and rollout never
     build a whole layer) equal the stored maps: every head fusion, residual, receptive field, sink,
     GQA, a sliding window, a batch of prompts of different lengths padded on either side."""
-    capture = importlib.import_module("captum_attnflow.hf.capture")
+    capture = importlib.import_module("captum_attnflow.capture.maps")
     graph = importlib.import_module("captum_attnflow.functional.graph")
     model = make_lm(arch, len(tokenizer))
     prompts, targets = [PROMPT, "a dog", "near the boxes , my dog"], [TARGET, "is", "are . that"]

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from captum_attnflow.capture import extract_attentions
 from captum_attnflow.data import build_tokenizer
-from captum_attnflow.hf import extract_attentions
 from captum_attnflow.methods import EXTRA_METHODS, METHODS, attention_methods, paper_methods
 from captum_attnflow.models import AgreementConfig, AgreementModel
 

@@ -203,7 +203,7 @@ def test_alti_and_norms_of_row_blocks_equal_those_of_the_whole_map(seed, rows, c
         blocks = alti_contributions(_in_blocks(probabilities, rows), values, inputs, weight, bias, mask, **kwargs)
         # The attention output of a block of rows is another product shape, rounded otherwise in
         # float32; a contribution, a difference of nearly equal L1 norms of random vectors here,
-        # shows that rounding at up to 1e-5 (1e-6 on the models' layers: tests/hf/test_decomposition.py).
+        # shows that rounding at up to 1e-5 (1e-6 on the models' layers: tests/capture/test_decomposition.py).
         torch.testing.assert_close(blocks, whole, atol=1e-5, rtol=0)
     whole = attention_norms(probabilities, values, weight, mask)
     torch.testing.assert_close(attention_norms(_in_blocks(probabilities, rows), values, weight, mask), whole, atol=1e-6, rtol=1e-5)

@@ -9,12 +9,12 @@ import transformers
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from captum_attnflow.capture import seq2seq_attentions
 from captum_attnflow.functional.encoder_decoder import (
     encoder_decoder_flow,
     encoder_decoder_raw_attention,
     encoder_decoder_rollout,
 )
-from captum_attnflow.hf import seq2seq_attentions
 
 VOCAB = 50
 

@@ -18,10 +18,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from captum_attnflow.capture import extract_attentions
 from captum_attnflow.functional import AttentionGraph, attention_graph, flow, rollout_rows
 from captum_attnflow.functional._maxflow import EPS, max_flows
 from captum_attnflow.functional._maxflow.driver import _WORK_PER_THREAD
-from captum_attnflow.hf import extract_attentions
 from helpers import banded, causal_sink, make_tiny_model, peaked
 
 

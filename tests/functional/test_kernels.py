@@ -18,7 +18,7 @@ def test_blocks_keep_the_cpu_budget_and_take_a_share_of_the_gpus_free_memory(mon
 
 
 def test_triton_kernels_only_on_cuda():
-    assert gpu_kernels(torch.device("cpu"), "captum_attnflow.hf.lean_triton") is None
+    assert gpu_kernels(torch.device("cpu"), "captum_attnflow.capture.lean_triton") is None
     if importlib.util.find_spec("triton") is None:
         pytest.skip("triton is not installed: no kernels on CUDA either")
-    assert gpu_kernels(torch.device("cuda"), "captum_attnflow.hf.lean_triton").__name__ == "captum_attnflow.hf.lean_triton"
+    assert gpu_kernels(torch.device("cuda"), "captum_attnflow.capture.lean_triton").__name__ == "captum_attnflow.capture.lean_triton"

@@ -9,8 +9,8 @@ import transformers
 from families import FAMILIES, family_config
 from helpers import TINY
 
+from captum_attnflow.capture.internals import capture_internals
 from captum_attnflow.hf.architectures import ARCHITECTURES, architecture_of, projection_weight
-from captum_attnflow.hf.internals import capture_internals
 from captum_attnflow.models import AgreementConfig, AgreementModel
 from captum_attnflow.models.tagger import TaggerModel, bundled_tagger_config
 

@@ -10,9 +10,10 @@ import transformers
 from families import FAMILIES, make_family_model, family_inputs
 
 from captum_attnflow import GradientWeightedRollout, extract_attentions
-from captum_attnflow.hf import capture_graph, lean
-from captum_attnflow.hf.attention_gradients import capture_attention_gradients, supports_attention_gradients
-from captum_attnflow.hf.lean import AttentionScores, captured_scores, fused_blocks, lean_capture, supports_lean
+from captum_attnflow.capture import capture_graph, lean
+from captum_attnflow.capture.attention_gradients import capture_attention_gradients, supports_attention_gradients
+from captum_attnflow.capture.lean import captured_scores, lean_capture, supports_lean
+from captum_attnflow.capture.lean_blocks import AttentionScores, fused_blocks
 from helpers import model_state
 
 # The default run takes a representative slice (soft-capping with sliding windows, a global and

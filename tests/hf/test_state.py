@@ -9,8 +9,9 @@ import torch
 
 from captum_attnflow import AttentionFlow, AttentionRollout, RawAttention
 from captum_attnflow.baselines import TokenSaliency
+from captum_attnflow.capture import capture_graph
 from captum_attnflow.functional import rollout_rows
-from captum_attnflow.hf import capture_graph, exclusive
+from captum_attnflow.hf import exclusive
 from helpers import make_classifier, make_tiny_model, model_state, padded_batch
 
 
@@ -84,7 +85,7 @@ def test_exclusive_is_reentrant_and_per_model():
 
 def test_threads_sharing_one_lean_graph_get_the_single_threaded_result(monkeypatch):
     """Each thread recomputes layers in buffers of its own; the graph's layers are built once."""
-    monkeypatch.setattr("captum_attnflow.hf.lean._BLOCK_BYTES", 2 * 4 * 3 * 4)  # B = 3, H = 4: blocks of 2 numbers a head
+    monkeypatch.setattr("captum_attnflow.capture.lean_blocks._BLOCK_BYTES", 2 * 4 * 3 * 4)  # B = 3, H = 4: blocks of 2 numbers a head
     model = make_tiny_model("bert")
     ids, mask = padded_batch(batch=3, n=7)
     graph = capture_graph(model, ids, attention_mask=mask, lean=True)

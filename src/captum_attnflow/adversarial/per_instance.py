@@ -13,7 +13,7 @@ constraint enters as a penalty :math:`c \\cdot \\max(0, \\mathrm{TVD} - \\epsilo
 example keeps the most divergent attention found that satisfies it; a final bisection along
 the mixture of the original and the last iterate finds a feasible attention with positive
 JSD where the search ended outside the constraint. The attention is put into the model with
-:func:`~captum_attnflow.hf.attention_injection.inject_attention`; the model is unchanged.
+:func:`~captum_attnflow.capture.attention_injection.inject_attention`; the model is unchanged.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from captum_attnflow.adversarial.metrics import jsd, tvd
 from captum_attnflow.adversarial.tasks import Batch, Task, forward
-from captum_attnflow.hf import inject_attention
+from captum_attnflow.capture import inject_attention
 
 _BISECTIONS = 10
 

@@ -14,9 +14,9 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
+from captum_attnflow.capture import inject_attention
 from captum_attnflow.data import build_tokenizer, encode_examples, generate_examples
 from captum_attnflow.data.chunking import IGNORE_INDEX, chunk_f1, decode_tags, encode_chunked, generate_chunked_examples
-from captum_attnflow.hf import inject_attention
 
 Batch = dict[str, Tensor]
 # replace(layer, weights) -> weights for one batch, as inject_attention takes it; None keeps the model's own.

@@ -13,7 +13,7 @@
   so the objective is bounded);
 * with an attention source (uniform, or another model's stored attention for probing):
   the given attention replaces the model's own in every layer
-  (:func:`~captum_attnflow.hf.attention_injection.inject_attention`) while all weights train.
+  (:func:`~captum_attnflow.capture.attention_injection.inject_attention`) while all weights train.
 
 Training runs with dropout off: the data are generated, so there is no shortage of them to
 regularise against, and the attention rows stay distributions (attention dropout would zero

@@ -9,13 +9,13 @@ from captum.attr import Attribution
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from captum_attnflow.capture import capture_graph
 from captum_attnflow.docstrings import fill_docstring
 from captum_attnflow.functional import AttentionGraph
 from captum_attnflow.functional.checks import POSITION_DOC, as_mask, default_position, positions
 from captum_attnflow.hf import (
     ImageTextSimilarity,
     as_tuple,
-    capture_graph,
     check_token_ids,
     lift_mask,
     owning_module,
@@ -26,13 +26,13 @@ from captum_attnflow.hf import (
 _CONSTRUCTOR_DOC = """Args:
         forward_func: a Hugging Face model, an ``nn.Module`` wrapping one, or a callable
             ``forward_func(inputs, *additional_forward_args)`` returning attentions
-            (see :func:`captum_attnflow.hf.extract_attentions`). The model is left
+            (see :func:`captum_attnflow.capture.extract_attentions`). The model is left
             as it was: attention implementation, eval mode and hooks change only for the
             duration of a call, and calls from several threads on one model run one at a time.
         lean: how attention is captured. None (default): layer by layer, each layer reduced
             to its head-fused (B, n, n) matrix during the forward while the model keeps its own
             attention implementation, for the model types where that applies
-            (:data:`captum_attnflow.hf.lean.LEAN_MODEL_TYPES`: BERT, RoBERTa, ModernBERT,
+            (:data:`captum_attnflow.capture.lean.LEAN_MODEL_TYPES`: BERT, RoBERTa, ModernBERT,
             GPT-2, Llama, Qwen, Gemma, Phi-3, Pythia, ViT, ...; not for ``head=`` results), else eager attention with
             every layer's maps stored. True requires the lean path, False always stores the maps.
             Both give the same results to 1e-6; the lean path needs H times less memory."""

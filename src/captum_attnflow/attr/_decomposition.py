@@ -15,10 +15,10 @@ class LayerMapsAttribution(AttentionAttribution):
     """Base of the methods that read one (B, n, n) token-to-token map per layer from the model's
     internals (value vectors, output projections, LayerNorms), not its attention weights alone:
     the attention norms, ALTI and value zeroing. No ``lean`` argument: where the lean capture
-    applies (:func:`~captum_attnflow.hf.lean.supports_lean`) the model runs its own attention and
+    applies (:func:`~captum_attnflow.capture.lean.supports_lean`) the model runs its own attention and
     each layer's per-head probabilities are recomputed from its queries and keys in blocks of
     rows, elsewhere eager attention gives them, one layer at a time
-    (:mod:`captum_attnflow.hf.decomposition`)."""
+    (:mod:`captum_attnflow.capture.decomposition`)."""
 
     def __init__(self, forward_func: Callable[..., Any]) -> None:
         super().__init__(forward_func)

@@ -8,7 +8,7 @@ from torch import Tensor
 
 from captum_attnflow.attr._base import with_internals_args
 from captum_attnflow.attr._decomposition import ContributionRollout
-from captum_attnflow.hf.decomposition import alti_maps
+from captum_attnflow.capture.decomposition import alti_maps
 
 
 class ALTI(ContributionRollout):

@@ -8,8 +8,8 @@ from torch import Tensor
 
 from captum_attnflow.attr._base import pooled_rows, with_internals_args
 from captum_attnflow.attr._decomposition import LayerMapsAttribution
+from captum_attnflow.capture.decomposition import attention_norm_maps
 from captum_attnflow.functional.checks import as_mask, matrix_rows
-from captum_attnflow.hf.decomposition import attention_norm_maps
 
 
 class AttentionNorm(LayerMapsAttribution):

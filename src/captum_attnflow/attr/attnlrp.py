@@ -17,9 +17,10 @@ from captum_attnflow.attr._base import (
     progress_bar,
 )
 from captum_attnflow.attr.gradient_rollout import _TARGET_DOC
+from captum_attnflow.capture import attnlrp_forward
 from captum_attnflow.docstrings import fill_docstring
 from captum_attnflow.functional.checks import POSITION_DOC, as_mask
-from captum_attnflow.hf import attnlrp_forward, output_scores, target_scores
+from captum_attnflow.hf import output_scores, target_scores
 
 _ARGS_DOC = """
         Args:
@@ -79,7 +80,7 @@ class AttnLRP(AttentionAttribution, GradientAttribution):
 
     The model runs with its own layers and forward values (each rule changes a gradient only);
     the rules come from transformers' attention-function interface and the architecture table
-    (:mod:`captum_attnflow.hf.lrp`): the model types of
+    (:mod:`captum_attnflow.capture.lrp`): the model types of
     :data:`~captum_attnflow.hf.architectures.ARCHITECTURES`. Parameters'
     ``.grad`` are not touched; it runs under ``torch.no_grad()`` too.
 

@@ -17,6 +17,15 @@ from captum_attnflow.attr._base import (
     progress_bar,
     with_internals_args,
 )
+from captum_attnflow.capture import seq2seq_gradient_internals
+from captum_attnflow.capture.attention_gradients import (
+    GRADIENT_MODEL_TYPES,
+    capture_attention_gradients,
+    supports_attention_gradients,
+)
+from captum_attnflow.capture.internals import Internals, capture_internals
+from captum_attnflow.capture.maps import in_run_order
+from captum_attnflow.capture.seq2seq import attention_kinds
 from captum_attnflow.functional.checks import as_mask, layer_indices
 from captum_attnflow.functional.gradient_rollout import (
     co_attention_relevance,
@@ -25,16 +34,8 @@ from captum_attnflow.functional.gradient_rollout import (
     streamed_relevance_maps_rows,
     streamed_relevance_rows,
 )
-from captum_attnflow.hf import output_scores, seq2seq_gradient_internals, target_scores
-from captum_attnflow.hf.attention_gradients import (
-    GRADIENT_MODEL_TYPES,
-    capture_attention_gradients,
-    supports_attention_gradients,
-)
-from captum_attnflow.hf.capture import in_run_order
-from captum_attnflow.hf.internals import Internals, capture_internals
+from captum_attnflow.hf import output_scores, target_scores
 from captum_attnflow.hf.models import owning_module
-from captum_attnflow.hf.seq2seq import attention_kinds
 
 
 _TARGET_DOC = """
@@ -70,13 +71,13 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
     goes through transformers' attention-function interface. The maths is
     :func:`captum_attnflow.functional.gradient_weighted_rollout`.
 
-    On the model types of :data:`~captum_attnflow.hf.attention_gradients.GRADIENT_MODEL_TYPES`
+    On the model types of :data:`~captum_attnflow.capture.attention_gradients.GRADIENT_MODEL_TYPES`
     (``lean``, the default) the model keeps its own attention implementation (``sdpa``) and each
     layer's :math:`\\bar A_l` is computed from what the backward pass has: the queries, keys and
     values and the gradient :math:`\\nabla O` of the attention output, since
     :math:`\\partial y_t / \\partial A_h = \\nabla O_h V_h^\\top` and :math:`A_h` is recomputed
     from :math:`q k^\\top`, in blocks of rows
-    (:mod:`~captum_attnflow.hf.attention_gradients`): no (H, n, n) tensor is ever whole, and of
+    (:mod:`~captum_attnflow.capture.attention_gradients`): no (H, n, n) tensor is ever whole, and of
     one explained layer the rows are rolled out top-down without any (n, n) matrix. Memory is
     that of one backward pass. Other models (or ``lean=False``, or a model whose attention call
     carries a score term its queries, keys and mask do not hold) run eager attention and keep
@@ -175,7 +176,7 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         return result, sources, has_axis
 
     def _lean_gradients(self) -> bool:
-        """Whether this call takes the lean path (:mod:`~captum_attnflow.hf.attention_gradients`)."""
+        """Whether this call takes the lean path (:mod:`~captum_attnflow.capture.attention_gradients`)."""
         if self.lean is False:
             return False
         module = owning_module(self.forward_func)
@@ -360,7 +361,7 @@ def _gradients(
 _GRADIENT_NUMBERS = 2**27
 _REFUSED = (
     "lean=True: an attention call of this model has a score term that its queries, keys and mask do not "
-    "hold (captum_attnflow.hf.lean.captured_scores), so its maps cannot be recomputed; use lean=None or False."
+    "hold (captum_attnflow.capture.lean.captured_scores), so its maps cannot be recomputed; use lean=None or False."
 )
 
 

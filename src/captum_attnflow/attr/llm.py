@@ -18,12 +18,13 @@ from captum_attnflow.attr.llm_result import LLMAttentionAttributionResult
 from captum_attnflow.attr.raw_attention import RawAttention
 from captum_attnflow.attr.rollout import AttentionRollout
 from captum_attnflow.attr.value_zeroing import ValueZeroing
+from captum_attnflow.capture import seq2seq_attentions
 from captum_attnflow.functional.encoder_decoder import (
     encoder_decoder_flow,
     encoder_decoder_raw_attention,
     encoder_decoder_rollout,
 )
-from captum_attnflow.hf import input_device, seq2seq_attentions
+from captum_attnflow.hf import input_device
 
 try:  # transformers is a dependency, but keep the import error readable
     from transformers import PreTrainedModel

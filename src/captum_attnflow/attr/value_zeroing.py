@@ -8,7 +8,7 @@ from torch import Tensor
 
 from captum_attnflow.attr._base import with_internals_args
 from captum_attnflow.attr._decomposition import ContributionRollout
-from captum_attnflow.hf.decomposition import value_zeroing_maps
+from captum_attnflow.capture.decomposition import value_zeroing_maps
 
 
 class ValueZeroing(ContributionRollout):
@@ -26,7 +26,7 @@ class ValueZeroing(ContributionRollout):
 
     Attention is linear in the values, so the attention output for every zeroed j follows from
     one forward pass; only the rest of each block runs again, n variants of n tokens per layer
-    (:func:`captum_attnflow.hf.decomposition.value_zeroing_maps`): n² token evaluations of the
+    (:func:`captum_attnflow.capture.decomposition.value_zeroing_maps`): n² token evaluations of the
     feed-forward a layer, which is its cost (n times a forward's feed-forward). Needs the model's
     blocks: the model types of :data:`captum_attnflow.hf.architectures.ARCHITECTURES`.
 

@@ -28,7 +28,7 @@ def add_arguments(figures: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from captum_attnflow.hf import extract_attentions
+    from captum_attnflow.capture import extract_attentions
     from captum_attnflow.methods import METHODS
     from captum_attnflow.visualize import plot_methods, plot_position_maps
 

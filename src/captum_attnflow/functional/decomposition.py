@@ -28,7 +28,7 @@ _TRITON = "captum_attnflow.functional.decomposition_triton"
 
 # A layer's per-head probabilities: the whole (B, H, n, n) tensor, or its blocks of query rows as
 # ``(start, block)`` pairs, ``block`` (B, H, r, n) the rows start..start + r, in order, each read
-# once before the next is asked for (a lean capture's recomputed rows: hf/lean_heads.py).
+# once before the next is asked for (a lean capture's recomputed rows: capture/lean_heads.py).
 Probabilities = Union[Tensor, Iterable[tuple[int, Tensor]]]
 
 

@@ -11,7 +11,7 @@ import torch
 
 
 def gpu_kernels(device: torch.device, module: str) -> ModuleType | None:
-    """The Triton kernel module ``module`` (e.g. ``"captum_attnflow.hf.lean_triton"``) where its
+    """The Triton kernel module ``module`` (e.g. ``"captum_attnflow.capture.lean_triton"``) where its
     kernels run, a CUDA device with Triton installed (it ships with torch's CUDA builds); None
     elsewhere, where the caller computes the same with torch operations (or its CPU kernel)."""
     if device.type != "cuda" or importlib.util.find_spec("triton") is None:

@@ -9,7 +9,7 @@ its own model mappings, :data:`ARCHITECTURES` maps ``config.model_type`` to an
 from the weights (``tests/hf/test_architectures.py``, ``tests/attr``).
 
 The attention probabilities and value vectors themselves come through transformers'
-attention-function interface (:mod:`captum_attnflow.hf.internals`), so the table holds only what
+attention-function interface (:mod:`captum_attnflow.capture.internals`), so the table holds only what
 that interface does not pass.
 """
 

@@ -10,7 +10,14 @@ from torch import Tensor, nn
 from transformers import PreTrainedModel
 
 from captum_attnflow.functional.checks import as_mask
-from captum_attnflow.hf.inputs import as_tuple, check_mask_not_in_args, check_token_ids, lift_mask, mask_keyword, unpack_inputs
+from captum_attnflow.hf.inputs import (
+    as_tuple,
+    check_mask_not_in_args,
+    check_token_ids,
+    lift_mask,
+    mask_keyword,
+    unpack_inputs,
+)
 from captum_attnflow.hf.models import check_device, main_model, owning_module
 
 

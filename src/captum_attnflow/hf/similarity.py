@@ -17,8 +17,8 @@ from torch import Tensor, nn
 from transformers import PreTrainedModel
 
 from captum_attnflow.hf.inputs import real_tokens_first
-from captum_attnflow.hf.lrp import held_in_lrp
 from captum_attnflow.hf.models import check_device
+from captum_attnflow.hf.state import held_in_lrp
 from captum_attnflow.hf.state import unchanged
 
 # model_type -> whether a logit bias is added (SigLIP's sigmoid loss has one, CLIP's softmax none).

@@ -11,11 +11,12 @@ other's changes, so every call that touches a model holds that model's lock (:fu
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import threading
 import weakref
 from typing import Any, Callable, Iterator
 
-from torch import nn
+from torch import Tensor, nn
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -31,7 +32,7 @@ def eager_attention(module: nn.Module) -> Iterator[None]:
     Transformers 5 defaults to ``sdpa`` attention, which computes no attention weights, so
     ``output_attentions=True`` gives an empty tuple. Each model's own attention implementation
     is restored on exit, also after an exception; an attention put in by
-    :func:`~captum_attnflow.hf.inject_attention` is kept (it returns the weights it applies). :func:`~captum_attnflow.extract_attentions` uses it; call it
+    :func:`~captum_attnflow.capture.inject_attention` is kept (it returns the weights it applies). :func:`~captum_attnflow.extract_attentions` uses it; call it
     yourself to get attentions from a model you run directly.
 
     Args:
@@ -191,3 +192,34 @@ def model_call(forward_func: Any) -> Iterator[None]:
         return
     with unchanged(module):
         yield
+
+
+# Whether relevance rules (AttnLRP's) run in this context: a thread's or task's own, so a call
+# on another thread is not affected.
+_RELEVANCE_RULES: contextvars.ContextVar[bool] = contextvars.ContextVar("captum_attnflow_relevance_rules", default=False)
+
+
+@contextlib.contextmanager
+def relevance_rules() -> Iterator[None]:
+    """Context manager: relevance rules run in this context for the block (:func:`held_in_lrp` holds its values)."""
+    token = _RELEVANCE_RULES.set(True)
+    try:
+        yield
+    finally:
+        _RELEVANCE_RULES.reset(token)
+
+
+def held_in_lrp(value: Tensor) -> Tensor:
+    """``value`` itself, held constant (detached) while AttnLRP's rules run: a norm or scale that a
+    module around the model divides by (a cosine similarity's :math:`\\lVert u \\rVert`), given the
+    identity rule on its division as the rules give the model's own norms; outside a run the plain
+    ``value``, its gradient kept.
+
+    Example::
+
+        >>> import torch
+        >>> x = torch.ones(2, requires_grad=True)
+        >>> held_in_lrp(x.norm()).requires_grad  # no AttnLRP run here: the plain gradient
+        True
+    """
+    return value.detach() if _RELEVANCE_RULES.get() else value

@@ -6,7 +6,7 @@ linear layer and a softmax. :func:`yang_tagger_config` is that setting at hidden
 :class:`TaggerConfig`'s defaults are the bundled agreement model's architecture (6 layers,
 8 heads, 128 wide, paper section 2). Both run the same non-causal GPT-2 blocks as
 :class:`~captum_attnflow.models.AgreementModel`, so every attention implementation, the
-attention-capturing helpers and :func:`captum_attnflow.hf.attention_injection.inject_attention`
+attention-capturing helpers and :func:`captum_attnflow.capture.attention_injection.inject_attention`
 work on them unchanged.
 """
 

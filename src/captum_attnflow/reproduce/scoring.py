@@ -11,8 +11,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from captum_attnflow.capture import extract_attentions
 from captum_attnflow.data import encode_examples
-from captum_attnflow.hf import extract_attentions
 from captum_attnflow.methods import METHODS
 from captum_attnflow.reproduce.authors import gradient_sum
 from captum_attnflow.reproduce.paper import BLANK_OUT, GRADIENTS, OURS_REFERENCES

@@ -39,7 +39,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import torch
-import transformers.activations
 from torch import Tensor, nn
 from transformers import PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -47,22 +46,17 @@ from transformers.masking_utils import sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.pytorch_utils import Conv1D
 
-from captum_attnflow.hf.architectures import RMS_NORMS, SCALED_RMS_NORMS, Architecture, architecture_of
-from captum_attnflow.hf.capture import in_run_order, real_tokens_first_call
-from captum_attnflow.hf.dispatch import onloaded
+from captum_attnflow.capture.lean import scale_and_causality
+from captum_attnflow.capture.lean_blocks import attends_causally
+from captum_attnflow.capture.lrp_rules import _function_activation_hooks, _GradientScale, _rule_hooks
+from captum_attnflow.capture.maps import in_run_order, real_tokens_first_call
+from captum_attnflow.hf.architectures import Architecture, architecture_of
 from captum_attnflow.hf.inputs import as_tuple, check_mask_not_in_args, mask_keyword
-from captum_attnflow.hf.lean import attends_causally, scale_and_causality
 from captum_attnflow.hf.models import check_device, main_model, owning_module
 from captum_attnflow.hf.scores import input_embeddings, kept_in, kept_logits, logit_rows
-from captum_attnflow.hf.state import implementation, register_attention, unchanged
+from captum_attnflow.hf.state import implementation, register_attention, relevance_rules, unchanged
 
 _NAME = "captum_attnflow_attnlrp"
-
-# Element-wise activations of torch (transformers' own are every module of transformers.activations).
-_TORCH_ACTIVATIONS = (
-    nn.GELU, nn.SiLU, nn.Tanh, nn.ReLU, nn.Sigmoid, nn.Mish, nn.ELU, nn.LeakyReLU, nn.Softplus, nn.Hardswish,
-)
-
 
 @dataclass
 class LRPRun:
@@ -149,35 +143,6 @@ class LRPRun:
 _CURRENT: contextvars.ContextVar[LRPRun | None] = contextvars.ContextVar("captum_attnflow_attnlrp", default=None)
 
 
-class _GradientScale(torch.autograd.Function):
-    """``x`` itself, its gradient multiplied by ``factor``."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, factor: float) -> Tensor:
-        ctx.factor = factor
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx: Any, gradient: Tensor) -> tuple[Tensor, None]:
-        return gradient * ctx.factor, None
-
-
-class _IdentityRule(torch.autograd.Function):
-    """``y = f(x)`` of an element-wise f, with gradient ``factor * f(x) / x`` (0 where x = 0, where
-    the relevance ``x * gradient`` is 0 whatever it is)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, y: Tensor, factor: float) -> Tensor:
-        ratio = torch.where(x == 0, torch.zeros_like(y), y / torch.where(x == 0, torch.ones_like(x), x))
-        ctx.save_for_backward(ratio * factor)
-        return y.view_as(y)
-
-    @staticmethod
-    def backward(ctx: Any, gradient: Tensor) -> tuple[Tensor, None, None]:
-        (ratio,) = ctx.saved_tensors
-        return gradient * ratio, None, None
-
-
 def _attnlrp_attention(
     module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None, **kwargs: Any
 ) -> tuple[Tensor, None]:
@@ -190,137 +155,6 @@ def _attnlrp_attention(
     return run.attention(module, query, key, value, attention_mask, **kwargs)[0], None
 
 
-class _NormRule(torch.autograd.Function):
-    """The norm's output ``y``, with the gradient of :math:`x \\mapsto w \\odot P x / \\sigma` at
-    :math:`\\sigma` held constant: P the centring :math:`I - \\tfrac1D 1 1^\\top` (LayerNorm) or
-    the identity (RMSNorm). Saves only :math:`\\sigma` (..., 1) and w, less than the norm's own backward."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, y: Tensor, weight: Tensor | None, sigma: Tensor, centred: bool) -> Tensor:
-        ctx.save_for_backward(weight, sigma)
-        ctx.centred = centred
-        return y.view_as(y)
-
-    @staticmethod
-    def backward(ctx: Any, gradient: Tensor) -> tuple[Tensor | None, ...]:
-        weight, sigma = ctx.saved_tensors
-        scaled = (gradient if weight is None else gradient * weight) / sigma
-        if ctx.centred:
-            scaled = scaled - scaled.mean(-1, keepdim=True)
-        return scaled.to(gradient.dtype), None, None, None, None
-
-
-def _norm_weight(module: nn.Module) -> Tensor | None:
-    """The norm's weight (None without one), read through accelerate's hooks: the rule runs after
-    the norm's forward, when an offloaded norm's weight is back on ``meta``."""
-    with onloaded(module, [module]):
-        return None if module.weight is None else module.weight.detach()
-
-
-def _layer_norm_rule(module: nn.LayerNorm, args: tuple, output: Tensor) -> Tensor:
-    x = args[0].detach()
-    sigma = (x.var(-1, unbiased=False, keepdim=True) + module.eps).sqrt()
-    return _NormRule.apply(args[0], output.detach(), _norm_weight(module), sigma, True)
-
-
-def _rms_norm_rule(module: nn.Module, args: tuple, output: Tensor) -> Tensor:
-    x = args[0].detach().float()
-    sigma = (x.pow(2).mean(-1, keepdim=True) + module.variance_epsilon).sqrt()
-    return _NormRule.apply(args[0], output.detach(), _norm_weight(module), sigma, False)
-
-
-def _activation_rule(factor: float) -> Callable[[nn.Module, tuple, Tensor], Tensor]:
-    def rule(module: nn.Module, args: tuple, output: Tensor) -> Tensor:
-        return _IdentityRule.apply(args[0], output.detach(), factor)
-
-    return rule
-
-
-def _halved(module: nn.Module, args: tuple, output: Tensor) -> Tensor:
-    return _GradientScale.apply(output, 0.5)
-
-
-def _second_half_halved(module: nn.Module, args: tuple, output: Tensor) -> Tensor:
-    """A fused gate-and-up projection: the gradient of its second half (the multiplied factor) halved."""
-    factor = torch.ones(output.shape[-1], dtype=output.dtype, device=output.device)
-    factor[output.shape[-1] // 2 :] = 0.5
-    return _GradientScale.apply(output, factor)
-
-
-def _held(module: nn.Module, args: tuple, output: Any) -> Any:
-    """The module's outputs as constants of the backward pass (tensors of a tuple detached)."""
-    if isinstance(output, Tensor):
-        return output.detach()
-    return type(output)(o.detach() if isinstance(o, Tensor) else o for o in output)
-
-
-def _function_activation_hooks(model: nn.Module, architecture: Architecture) -> list[Any]:
-    """The identity rule on each element-wise function the architecture lists between two modules,
-    ``consumer(f(producer(x)))``: the consumer's input becomes ``f(z)`` with gradient ``f(z) / z``
-    with respect to the producer's output z."""
-    if architecture.function_activations is None:
-        return []
-    handles = []
-    for producer, consumer, function in architecture.function_activations(model):
-        produced: list[Tensor] = []
-
-        def keep(module: nn.Module, args: tuple, output: Tensor, produced: list[Tensor] = produced) -> None:
-            produced[:] = [output]
-
-        def rule(module: nn.Module, args: tuple, produced: list[Tensor] = produced, function: Callable = function) -> tuple:
-            z, y = produced[0], args[0]
-            if y.shape != z.shape or not torch.equal(function(z.detach()), y.detach()):
-                raise ValueError(
-                    f"AttnLRP expected {type(module).__name__}'s input to be {function.__name__} of the previous "
-                    "layer's output (the architecture table's function_activations); it is not, so the rule "
-                    "cannot be applied."
-                )
-            return (_IdentityRule.apply(z, y.detach(), 1.0), *args[1:])
-
-        handles += [producer.register_forward_hook(keep), consumer.register_forward_pre_hook(rule)]
-    return handles
-
-
-def _is_activation(module: nn.Module) -> bool:
-    return isinstance(module, _TORCH_ACTIVATIONS) or type(module).__module__ == transformers.activations.__name__
-
-
-def _rule_hooks(model: nn.Module, architecture: Architecture, blocks: list[nn.Module]) -> list[tuple[nn.Module, Callable]]:
-    """``(module, forward hook)`` for every norm, activation and gated factor of ``model``.
-
-    Raises:
-        ValueError: a norm the rules do not know (its identity rule needs its formula).
-    """
-    unique = list(dict.fromkeys(blocks))  # a shared block (ALBERT) is listed once per call
-    gated = [architecture.gated_unit(block) for block in unique] if architecture.gated_unit is not None else []
-    gated = [unit for unit in gated if unit is not None]
-    gates = {id(activation) for activation, _ in gated}
-    halved = _second_half_halved if architecture.fused_gate else _halved
-    hooks: list[tuple[nn.Module, Callable]] = [(up, halved) for _, up in gated]
-    experts = [architecture.gated_experts(block) for block in unique] if architecture.gated_experts is not None else []
-    hooks += [(module, _halved) for unit in experts if unit is not None for module in unit[1:]]
-    held = [m for block in unique for m in architecture.held_constant(block)] if architecture.held_constant else []
-    hooks += [(module, _held) for module in held]
-    for module in model.modules():
-        name = type(module).__name__
-        if any(module is m for m in held):
-            continue
-        if isinstance(module, nn.LayerNorm):
-            hooks.append((module, _layer_norm_rule))
-        elif name in RMS_NORMS:
-            hooks.append((module, _rms_norm_rule))
-        elif name in SCALED_RMS_NORMS:  # y = w' x / sigma: the gradient at sigma held is y / x
-            hooks.append((module, _activation_rule(1.0)))
-        elif "Norm" in name:
-            raise ValueError(
-                f"AttnLRP knows LayerNorm and the RMS norms {RMS_NORMS + SCALED_RMS_NORMS}; the model has a {name}, whose "
-                "identity rule needs its formula: add it to captum_attnflow.hf.architectures."
-            )
-        elif _is_activation(module):
-            hooks.append((module, _activation_rule(0.5 if id(module) in gates else 1.0)))
-    return hooks
-
-
 @contextlib.contextmanager
 def _rules(model: nn.Module, architecture: Architecture, blocks: list[nn.Module], run: LRPRun) -> Iterator[None]:
     """Install the rules and the embedding leaf on ``model`` for the block; removed on exit."""
@@ -329,7 +163,8 @@ def _rules(model: nn.Module, architecture: Architecture, blocks: list[nn.Module]
     handles += _function_activation_hooks(model, architecture)
     token = _CURRENT.set(run)
     try:
-        yield
+        with relevance_rules():
+            yield
     finally:
         _CURRENT.reset(token)
         for handle in handles:
@@ -422,7 +257,7 @@ def attnlrp_forward(
 ) -> LRPRun:
     """Run ``forward_func`` once under AttnLRP's rules (see the module docstring).
 
-    Called like :func:`~captum_attnflow.hf.internals.capture_internals`: a Hugging Face model as
+    Called like :func:`~captum_attnflow.capture.internals.capture_internals`: a Hugging Face model as
     ``model(inputs, *additional_forward_args, attention_mask=attention_mask)``, a left-padded batch
     with each row's real tokens first (``LRPRun.order``); a module containing one as
     ``forward_func(inputs, *additional_forward_args)`` (plus ``attention_mask=`` where its forward
@@ -482,20 +317,3 @@ def attnlrp_forward(
             "called its input embeddings; AttnLRP needs both (BERT, GPT-2, Llama, ViT, ... in transformers 5)."
         )
     return run
-
-
-
-def held_in_lrp(value: Tensor) -> Tensor:
-    """``value`` itself, held constant (detached) while AttnLRP's rules run: a norm or scale that a
-    module around the model divides by (a cosine similarity's :math:`\\lVert u \\rVert`), given the
-    identity rule on its division as the rules give the model's own norms; outside a run the plain
-    ``value``, its gradient kept.
-
-    Example::
-
-        >>> import torch
-        >>> x = torch.ones(2, requires_grad=True)
-        >>> held_in_lrp(x.norm()).requires_grad  # no AttnLRP run here: the plain gradient
-        True
-    """
-    return value.detach() if _CURRENT.get() is not None else value

@@ -9,9 +9,9 @@ import torch
 from torch import Tensor, nn
 from transformers import PreTrainedModel
 
+from captum_attnflow.capture.lean import lean_capture, supports_lean
 from captum_attnflow.functional import AttentionGraph, attention_graph
 from captum_attnflow.hf.inputs import as_tuple, check_mask_not_in_args, mask_keyword, real_tokens_first, reorder_tokens
-from captum_attnflow.hf.lean import lean_capture, supports_lean
 from captum_attnflow.hf.models import check_device, encoder_of, hf_models, outermost, owning_module
 from captum_attnflow.hf.state import eager_attention, exclusive, unchanged
 
@@ -105,10 +105,10 @@ def capture_graph(
     """Run ``forward_func`` once and return its checked :class:`~captum_attnflow.functional.AttentionGraph`.
 
     With the lean path (``lean=None``, the default, uses it where it applies: a Hugging Face
-    model of a type in :data:`captum_attnflow.hf.lean.LEAN_MODEL_TYPES`, fused heads) each
+    model of a type in :data:`captum_attnflow.capture.lean.LEAN_MODEL_TYPES`, fused heads) each
     layer's attention is reduced to its head-fused (B, n, n) matrix during the forward, which
     keeps running with the model's own attention implementation, and the per-head maps are
-    never stored (:mod:`captum_attnflow.hf.lean`). Otherwise the model runs with eager
+    never stored (:mod:`captum_attnflow.capture.lean`). Otherwise the model runs with eager
     attention and returns its maps (:func:`extract_attentions`). Both give the same graph up
     to float rounding (1e-6).
 
@@ -125,7 +125,7 @@ def capture_graph(
 
         >>> import torch
         >>> from transformers import BertConfig, BertModel
-        >>> from captum_attnflow.hf import capture_graph
+        >>> from captum_attnflow.capture import capture_graph
         >>> model = BertModel(BertConfig(num_hidden_layers=2, hidden_size=32,
         ...     num_attention_heads=2, intermediate_size=64)).eval()
         >>> ids = torch.tensor([[101, 7592, 2088, 102]])
@@ -136,7 +136,7 @@ def capture_graph(
     applies = isinstance(forward_func, PreTrainedModel) and supports_lean(forward_func) and not keep_heads
     if lean and not applies:
         raise ValueError(
-            "the lean path applies to Hugging Face models of the types in captum_attnflow.hf.lean.LEAN_MODEL_TYPES "
+            "the lean path applies to Hugging Face models of the types in captum_attnflow.capture.lean.LEAN_MODEL_TYPES "
             "called directly, with fused heads, computing their own attention (not inside inject_attention); "
             "use lean=None or False here."
         )

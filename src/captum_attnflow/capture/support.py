@@ -1,9 +1,9 @@
 """Which method runs how on which model family, read from the tables the code itself dispatches on.
 
 Raw attention, rollout and flow recompute each layer's maps from its queries and keys (lean) on
-the model types of :data:`~captum_attnflow.hf.lean.LEAN_MODEL_TYPES`, and otherwise read the maps
+the model types of :data:`~captum_attnflow.capture.lean.LEAN_MODEL_TYPES`, and otherwise read the maps
 eager attention stores; gradient-weighted rollout does the same on
-:data:`~captum_attnflow.hf.attention_gradients.GRADIENT_MODEL_TYPES`; value zeroing, ALTI, the
+:data:`~captum_attnflow.capture.attention_gradients.GRADIENT_MODEL_TYPES`; value zeroing, ALTI, the
 attention norms and AttnLRP need the block internals of
 :data:`~captum_attnflow.hf.architectures.ARCHITECTURES`. :func:`support_table` writes that out as
 the documentation's table (``docs/families.md``, which a test keeps equal to it).
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Collection
 
+from captum_attnflow.capture.attention_gradients import GRADIENT_MODEL_TYPES
+from captum_attnflow.capture.lean import LEAN_MODEL_TYPES
 from captum_attnflow.hf.architectures import ARCHITECTURES
-from captum_attnflow.hf.attention_gradients import GRADIENT_MODEL_TYPES
-from captum_attnflow.hf.lean import LEAN_MODEL_TYPES
 
 # Each family's name and ``config.model_type`` values, encoders, then decoders, then the rest.
 FAMILIES: dict[str, tuple[str, ...]] = {
@@ -89,7 +89,7 @@ def support_table() -> str:
 
     Example::
 
-        >>> from captum_attnflow.hf.support import support_table
+        >>> from captum_attnflow.capture.support import support_table
         >>> [row for row in support_table().splitlines() if row.startswith("| Qwen3 ")]
         ['| Qwen3 | qwen3 | lean | lean | yes | yes |  |']
     """

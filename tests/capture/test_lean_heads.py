@@ -7,8 +7,9 @@ import pytest
 import torch
 from helpers import make_tiny_model
 
-from captum_attnflow.hf.lean import AttentionScores, lean_capture
-from captum_attnflow.hf.lean_heads import head_blocks
+from captum_attnflow.capture.lean import lean_capture
+from captum_attnflow.capture.lean_blocks import AttentionScores
+from captum_attnflow.capture.lean_heads import head_blocks
 
 
 def _whole(scores: AttentionScores, rows: int | None) -> torch.Tensor:
@@ -89,7 +90,7 @@ def test_blocks_equal_the_maps_the_model_returns(arch, side):
 def test_blocks_sized_by_the_budget_hold_whole_tiles_of_rows(monkeypatch):
     """Where more than a tile of rows fits, a block holds whole tiles of the distance kernels
     (64 rows), the rest in the last block; the budget is never exceeded."""
-    from captum_attnflow.hf import lean_heads
+    from captum_attnflow.capture import lean_heads
 
     query = torch.randn(1, 12, 300, 8)
     scores = AttentionScores(query, query, None, 0.3, False)

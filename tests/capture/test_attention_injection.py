@@ -8,8 +8,8 @@ import torch
 import transformers
 
 from captum_attnflow import AttentionRollout, RawAttention, eager_attention
+from captum_attnflow.capture import inject_attention
 from captum_attnflow.functional import rollout_rows
-from captum_attnflow.hf import inject_attention
 from captum_attnflow.models.tagger import TaggerModel, yang_tagger_config
 
 TINY = dict(vocab_size=60, hidden_size=32, num_attention_heads=4, intermediate_size=64, num_hidden_layers=2)

@@ -9,9 +9,9 @@ import torch
 from helpers import make_tiny_model, model_state
 
 from captum_attnflow import ALTI, AttentionNorm, ValueZeroing, load_agreement_model
-from captum_attnflow.hf import decomposition, internals as internals_module
-from captum_attnflow.hf.internals import capture_internals
-from captum_attnflow.hf.lean_heads import head_blocks
+from captum_attnflow.capture import decomposition, internals as internals_module
+from captum_attnflow.capture.internals import capture_internals
+from captum_attnflow.capture.lean_heads import head_blocks
 
 MAPS = [decomposition.alti_maps, decomposition.attention_norm_maps, decomposition.value_zeroing_maps]
 MAP_IDS = ["alti", "norms", "value_zeroing"]

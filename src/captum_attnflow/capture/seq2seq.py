@@ -7,8 +7,8 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from captum_attnflow.hf.capture import extract_attentions
-from captum_attnflow.hf.internals import Internals, capture_internals
+from captum_attnflow.capture.internals import Internals, capture_internals
+from captum_attnflow.capture.maps import extract_attentions
 
 
 @dataclass(frozen=True)
@@ -125,7 +125,7 @@ def seq2seq_gradient_internals(
     decoder_attention_mask: Tensor | None = None,
 ) -> tuple[Internals, list[str]]:
     """Run an encoder-decoder once with autograd on and keep its attention probabilities in the
-    graph (:func:`~captum_attnflow.hf.internals.capture_internals`), with the kind of each
+    graph (:func:`~captum_attnflow.capture.internals.capture_internals`), with the kind of each
     attention call: ``"encoder"``, ``"decoder"`` (self-attention) or ``"cross"``.
 
     Returns:

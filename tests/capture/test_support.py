@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from captum_attnflow.capture.attention_gradients import GRADIENT_MODEL_TYPES
+from captum_attnflow.capture.support import FAMILIES, support_table
 from captum_attnflow.hf.architectures import ARCHITECTURES
-from captum_attnflow.hf.attention_gradients import GRADIENT_MODEL_TYPES
-from captum_attnflow.hf.support import FAMILIES, support_table
 
 PAGE = Path(__file__).parents[2] / "docs" / "families.md"
 
 
 def test_the_docs_page_holds_the_generated_table():
     assert support_table() in PAGE.read_text(), (
-        "docs/families.md is out of date: paste captum_attnflow.hf.support.support_table() into it"
+        "docs/families.md is out of date: paste captum_attnflow.capture.support.support_table() into it"
     )
 
 

@@ -8,9 +8,10 @@ import torch
 import transformers
 
 from captum_attnflow import AttentionFlow, AttentionRollout, RawAttention, load_agreement_model
+from captum_attnflow.capture import capture_graph
+from captum_attnflow.capture.lean import LeanCapture, lean_capture
+from captum_attnflow.capture.lean_blocks import AttentionScores, _scratch_size, fused_blocks
 from captum_attnflow.functional import fuse_heads, rollout_rows
-from captum_attnflow.hf import capture_graph
-from captum_attnflow.hf.lean import AttentionScores, LeanCapture, _scratch_size, fused_blocks, lean_capture
 from helpers import make_tiny_model, model_state, padded_batch
 
 LEAN_ARCHS = ["bert", "roberta", "distilbert", "gpt2", "llama"]
@@ -48,7 +49,7 @@ def test_lean_graph_equals_the_stored_maps_graph(arch, side, fusion):
 @pytest.mark.parametrize("block_bytes", [1, 20, 40])
 def test_lean_layers_computed_in_many_row_blocks(monkeypatch, arch, side, block_bytes):
     """Blocks of one row up to several (n = 9), causal blocks of varying width: the same layers."""
-    monkeypatch.setattr("captum_attnflow.hf.lean._BLOCK_BYTES", block_bytes * 4 * 3 * 4)  # B = 3, H = 4
+    monkeypatch.setattr("captum_attnflow.capture.lean_blocks._BLOCK_BYTES", block_bytes * 4 * 3 * 4)  # B = 3, H = 4
     model = make_tiny_model(arch)
     ids, mask = ids_and_mask(arch, side)
     lean = capture_graph(model, ids, attention_mask=mask, lean=True)
@@ -163,7 +164,7 @@ def test_rollout_on_the_lean_path_shows_a_progress_bar_when_asked(capfd):
 @pytest.mark.parametrize("fusion", ["mean", "max"])
 def test_fused_blocks_take_masks_of_any_broadcast_shape(monkeypatch, block_bytes, fusion):
     """Bool or additive masks, with a query axis of n or 1; scratch never larger than the maps."""
-    monkeypatch.setattr("captum_attnflow.hf.lean._BLOCK_BYTES", block_bytes * 4 * 2 * 4)  # B = 2, H = 4
+    monkeypatch.setattr("captum_attnflow.capture.lean_blocks._BLOCK_BYTES", block_bytes * 4 * 2 * 4)  # B = 2, H = 4
     generator = torch.Generator().manual_seed(0)
     query, key = torch.randn(2, 4, 6, 8, generator=generator), torch.randn(2, 2, 6, 8, generator=generator)  # GQA
     keys_allowed = torch.tensor([[True] * 6, [True] * 4 + [False] * 2])

@@ -10,8 +10,8 @@ import transformers
 from helpers import CONFIGS, make_tiny_model, model_state, padded_batch
 
 from captum_attnflow import AttnLRP, GradientWeightedRollout, load_agreement_model
-from captum_attnflow.hf import lean
-from captum_attnflow.hf.attention_gradients import capture_attention_gradients, supports_attention_gradients
+from captum_attnflow.capture import lean_blocks
+from captum_attnflow.capture.attention_gradients import capture_attention_gradients, supports_attention_gradients
 
 
 def _with_head(arch: str) -> torch.nn.Module:
@@ -34,7 +34,7 @@ def _left_padded(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, t
 def block_bytes(request, monkeypatch):
     """Blocks of the whole map, or of one row (every block boundary, causal narrow blocks)."""
     if request.param is not None:
-        monkeypatch.setattr(lean, "_BLOCK_BYTES", request.param)
+        monkeypatch.setattr(lean_blocks, "_BLOCK_BYTES", request.param)
     return request.param
 
 

@@ -13,11 +13,11 @@ keys and values (after rotary embeddings) and its output. Per explained score,
 2. the output is :math:`O_h = A_h V_h`, so :math:`\\partial y / \\partial A_h = \\nabla O_h V_h^\\top`,
    and :math:`A_h = \\operatorname{softmax}(q_h k_h^\\top s + M)` is recomputed with the layer's
    own mask and scaling; both in blocks of rows, fused over heads per block
-   (:func:`~captum_attnflow.hf.lean.fused_blocks`), so no layer's (H, n, n) tensor is ever whole.
+   (:func:`~captum_attnflow.capture.lean_blocks.fused_blocks`), so no layer's (H, n, n) tensor is ever whole.
 
 It applies to the model types whose attention scores are exactly :math:`q k^\\top s + M`
 (:data:`GRADIENT_MODEL_TYPES`); others run eager attention and keep their probabilities
-(:func:`~captum_attnflow.hf.internals.capture_internals`).
+(:func:`~captum_attnflow.capture.internals.capture_internals`).
 """
 
 from __future__ import annotations
@@ -30,11 +30,10 @@ import torch
 from torch import Tensor, nn
 from transformers.masking_utils import sdpa_mask
 
-from captum_attnflow.hf.capture import in_run_order
-from captum_attnflow.hf.internals import prepared_call
-from captum_attnflow.hf.lean import (
-    LEAN_MODEL_TYPES, AttentionScores, _scratch_size, captured_scores, fused_blocks, own_attention, row_product,
-)
+from captum_attnflow.capture.internals import prepared_call
+from captum_attnflow.capture.lean import LEAN_MODEL_TYPES, captured_scores, own_attention
+from captum_attnflow.capture.lean_blocks import AttentionScores, _scratch_size, fused_blocks, row_product
+from captum_attnflow.capture.maps import in_run_order
 from captum_attnflow.hf.models import hf_models
 from captum_attnflow.hf.scores import kept_in, kept_logits, logit_rows
 from captum_attnflow.hf.state import implementation, register_attention, unchanged, uses_substituted_attention
@@ -62,7 +61,7 @@ def supports_attention_gradients(model: nn.Module) -> bool:
 @dataclass
 class AttentionCall:
     """What one attention call kept: what its scores are made of (queries (B, H, n_q, d), keys,
-    mask, scaling: :class:`~captum_attnflow.hf.lean.AttentionScores`), its values (B, H_kv, n_k, d)
+    mask, scaling: :class:`~captum_attnflow.capture.lean_blocks.AttentionScores`), its values (B, H_kv, n_k, d)
     (detached: the tensors the call was given), its output (B, n_q, H, d) in the autograd graph,
     and its module."""
 
@@ -80,7 +79,7 @@ class AttentionGradients:
         calls: per attention call, in call order.
         output: what the model returned (in the autograd graph).
         refused: whether some call carried a score term its :class:`AttentionScores` cannot hold
-            (:func:`~captum_attnflow.hf.lean.captured_scores`); that call is not in ``calls``, and
+            (:func:`~captum_attnflow.capture.lean.captured_scores`); that call is not in ``calls``, and
             the stored path must explain the model.
         order: (B, n) the run's token order when a left-padded batch ran with its real tokens
             first (``order[b, k]`` = original position of the k-th token of the run), else None.
@@ -142,7 +141,7 @@ class AttentionGradients:
 
     def weighted_product(self, index: int, grad_output: Tensor, rows: int) -> Callable[[Tensor], Tensor] | None:
         """:math:`\\bar A` of call ``index``, its first ``rows`` rows, as a function of row
-        vectors (B, c, rows) -> (B, c, n_k) (:func:`~captum_attnflow.hf.lean.row_product`: never
+        vectors (B, c, rows) -> (B, c, n_k) (:func:`~captum_attnflow.capture.lean_blocks.row_product`: never
         written out); None where the kernels do not run (then :meth:`weighted_blocks` serves)."""
         call = self.calls[index]
         device = call.scores.query.device
@@ -199,7 +198,7 @@ def capture_attention_gradients(
     :meth:`AttentionGradients.logit_rows` finds), not a (B, n, V) tensor and its gradient: at
     Llama-3's vocabulary and n = 16384, 8 GB and two products with the output embedding.
 
-    Called as :func:`~captum_attnflow.hf.internals.capture_internals` calls it (a left-padded
+    Called as :func:`~captum_attnflow.capture.internals.capture_internals` calls it (a left-padded
     batch of a Hugging Face model runs with its real tokens first). Each attention layer
     computes its output with the model's own implementation (``sdpa`` as loaded; eager models
     with sdpa, equal up to rounding), so the forward costs what the model's forward costs and

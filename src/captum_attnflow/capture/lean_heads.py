@@ -1,11 +1,11 @@
 """Per-head attention probabilities of one lean-captured attention call, recomputed by blocks of rows.
 
-:mod:`captum_attnflow.hf.lean` keeps each layer's queries and keys and fuses the heads of each
+:mod:`captum_attnflow.capture.lean` keeps each layer's queries and keys and fuses the heads of each
 block of rows it recomputes. The decomposition methods (ALTI, the attention norms, value
 zeroing) weigh every head's value vectors by that head's own probabilities, so they take the
 heads unfused: :math:`P_h = \\operatorname{softmax}(q_h k_h^\\top s + M)` (with soft-capping,
 :math:`c \\tanh(q_h k_h^\\top s / c) + M`) for a block of query rows at a time, (B, H, r, n_k),
-with the semantics of :func:`~captum_attnflow.hf.lean.fused_blocks`: the layer's bool or
+with the semantics of :func:`~captum_attnflow.capture.lean_blocks.fused_blocks`: the layer's bool or
 additive mask of any broadcast shape, causality for a call without a mask, grouped-query key
 heads repeated for their queries, rows without any allowed key (padding queries) 0. The
 (B, H, n, n) maps never exist whole unless one block is asked to hold every row.
@@ -18,8 +18,8 @@ from typing import Iterator
 import torch
 from torch import Tensor
 
+from captum_attnflow.capture.lean_blocks import AttentionScores
 from captum_attnflow.functional.kernels import block_bytes
-from captum_attnflow.hf.lean import AttentionScores
 
 # One block's scores (all heads) take about this many bytes on the CPU (twice: scores and
 # probabilities), about as many rows as the decomposition kernels' tasks of 16 rows on a few
@@ -41,8 +41,8 @@ def head_blocks(scores: AttentionScores, rows: int | None = None) -> Iterator[tu
     Example::
 
         >>> import torch
-        >>> from captum_attnflow.hf.lean import AttentionScores
-        >>> from captum_attnflow.hf.lean_heads import head_blocks
+        >>> from captum_attnflow.capture.lean import AttentionScores
+        >>> from captum_attnflow.capture.lean_heads import head_blocks
         >>> query, key = torch.randn(1, 4, 5, 8), torch.randn(1, 2, 5, 8)  # 4 query heads share 2 key heads
         >>> scores = AttentionScores(query, key, None, 8 ** -0.5, causal=True)
         >>> blocks = [block.clone() for _, block in head_blocks(scores, rows=2)]

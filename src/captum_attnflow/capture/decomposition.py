@@ -2,13 +2,13 @@
 weighted value vectors, and value zeroing, for the models of :data:`~captum_attnflow.hf.architectures.ARCHITECTURES`.
 
 One forward pass collects each layer's attention, values and block input
-(:func:`~captum_attnflow.hf.internals.capture_internals`), and each block's map is computed as
+(:func:`~captum_attnflow.capture.internals.capture_internals`), and each block's map is computed as
 soon as that block has run; the architecture table supplies the output projection, the
 LayerNorm and the rest of each block; the maths is :mod:`captum_attnflow.functional.decomposition`.
 
-Where the lean capture applies (:func:`~captum_attnflow.hf.lean.supports_lean`) the model runs
+Where the lean capture applies (:func:`~captum_attnflow.capture.lean.supports_lean`) the model runs
 its own attention (``sdpa`` as loaded) and keeps each layer's queries and keys; the block's
-per-head probabilities are then recomputed in blocks of rows (:mod:`captum_attnflow.hf.lean_heads`),
+per-head probabilities are then recomputed in blocks of rows (:mod:`captum_attnflow.capture.lean_heads`),
 each consumed by ALTI's and the norms' kernels before the next is made, so no (B, H, n, n)
 tensor exists (value zeroing, whose n variants cost far more than the maps, recomputes the
 layer's maps whole, one layer at a time). Other models, and calls whose attention holds a term
@@ -29,14 +29,15 @@ from typing import Any, Callable, Iterable, NamedTuple
 import torch
 from torch import Tensor, nn
 
+from captum_attnflow.capture.internals import Internals, capture_internals
+from captum_attnflow.capture.lean import supports_lean
+from captum_attnflow.capture.lean_blocks import AttentionScores
+from captum_attnflow.capture.lean_heads import head_blocks
 from captum_attnflow.functional import decomposition
 from captum_attnflow.functional.kernels import block_bytes
 from captum_attnflow.hf.architectures import Architecture, architecture_of, layer_norm_parameters, projection_weight
 from captum_attnflow.hf.dispatch import onloaded
 from captum_attnflow.hf.inputs import reorder_tokens
-from captum_attnflow.hf.internals import Internals, capture_internals
-from captum_attnflow.hf.lean import AttentionScores, supports_lean
-from captum_attnflow.hf.lean_heads import head_blocks
 from captum_attnflow.hf.models import hf_models, outermost, owning_module
 
 # Zeroed variants of one layer run together in chunks of about this many hidden numbers

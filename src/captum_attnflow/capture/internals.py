@@ -15,8 +15,8 @@ several threads run one at a time.
 
 With ``lean=True`` the attention function instead computes each call's output with the model's
 own implementation (``sdpa`` as loaded) and records, in place of the probabilities, what makes
-its scores (:class:`~captum_attnflow.hf.lean.AttentionScores`: queries, keys, mask, scaling),
-from which :mod:`captum_attnflow.hf.lean_heads` recomputes them block by block, and the output
+its scores (:class:`~captum_attnflow.capture.lean_blocks.AttentionScores`: queries, keys, mask, scaling),
+from which :mod:`captum_attnflow.capture.lean_heads` recomputes them block by block, and the output
 it mixed (the attention output before its projection).
 """
 
@@ -33,9 +33,10 @@ from torch import Tensor, nn
 from transformers import PreTrainedModel
 from transformers.masking_utils import eager_mask, sdpa_mask
 
-from captum_attnflow.hf.capture import attentions_of, in_run_order, maps_in_order, real_tokens_first_call
+from captum_attnflow.capture.lean import captured_scores, own_attention
+from captum_attnflow.capture.lean_blocks import AttentionScores
+from captum_attnflow.capture.maps import attentions_of, in_run_order, maps_in_order, real_tokens_first_call
 from captum_attnflow.hf.inputs import as_tuple, check_mask_not_in_args, mask_keyword
-from captum_attnflow.hf.lean import AttentionScores, captured_scores, own_attention
 from captum_attnflow.hf.models import check_device, hf_models, outermost, owning_module
 from captum_attnflow.hf.state import eager_attention, implementation, register_attention, unchanged
 
@@ -53,7 +54,7 @@ class Internals:
             multiplied with its values (in the autograd graph when gradients were asked for);
             none with ``lean=True``.
         scores: with ``lean=True``, per attention call, what makes its scores, or None where
-            the call holds a term they cannot (:func:`~captum_attnflow.hf.lean.captured_scores`).
+            the call holds a term they cannot (:func:`~captum_attnflow.capture.lean.captured_scores`).
         contexts: with ``lean=True``, per attention call, (B, n_q, H d) its output before the
             output projection, as the model's own attention computed it.
         values: per attention call, (B, H, n_k, d) value vectors, grouped-query heads repeated.
@@ -172,7 +173,7 @@ def capture_internals(
             drop them before the next layer makes its own.
         lean: run the model's own attention and keep each call's scores and output
             (``Internals.scores``, ``Internals.contexts``) instead of its probabilities (not
-            with ``gradients``); for the models of :func:`~captum_attnflow.hf.lean.supports_lean`.
+            with ``gradients``); for the models of :func:`~captum_attnflow.capture.lean.supports_lean`.
 
     Returns:
         Internals: one entry per attention call, in call order; for a model whose attention

@@ -20,15 +20,15 @@ import transformers
 from helpers import CONFIGS, padded_batch
 
 from captum_attnflow import AttentionRollout, GradientWeightedRollout
+from captum_attnflow.capture import lean_blocks
+from captum_attnflow.capture.lean_blocks import AttentionScores, fused_blocks, fused_rows
 from captum_attnflow.functional import fuse_heads
-from captum_attnflow.hf import lean
-from captum_attnflow.hf.lean import AttentionScores, fused_blocks, fused_rows
 
 pytest.importorskip("triton", reason="the GPU kernels need triton (pip install triton, Linux x86-64)")
 if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("no CUDA device, and triton was imported before TRITON_INTERPRET=1 was set", allow_module_level=True)
 
-from captum_attnflow.hf import lean_triton  # noqa: E402  (after the skips: triton may be missing)
+from captum_attnflow.capture import lean_triton  # noqa: E402  (after the skips: triton may be missing
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 TOLERANCE = {torch.float32: 1e-6, torch.bfloat16: 1e-5, torch.float64: 1e-6}  # float64: computed in float32, as the torch path does
@@ -49,7 +49,7 @@ def run_kernel(query, key, mask, scaling, causal, fusion, out, **options):
 @pytest.fixture
 def on_kernels(monkeypatch):
     """The library's one dispatch point sends every device to the kernels (interpreted on the CPU)."""
-    monkeypatch.setattr(lean, "_kernels", lambda device: lean_triton)
+    monkeypatch.setattr(lean_blocks, "_kernels", lambda device: lean_triton)
 
 
 def _inputs(n=37, batch=2, heads=4, kv_heads=2, dim=8, dtype=torch.float32, seed=0):
@@ -199,9 +199,9 @@ def test_the_dispatch_passes_every_score_term(on_kernels, monkeypatch):
     for scores in (AttentionScores(query, key, allowed[:, None, None], 0.9, False, 2.0),
                    AttentionScores(query, key, None, 0.9, True, 1.5)):
         ours = _torch_path(scores, "mean"), fused_rows(scores, "mean", positions, torch.empty(2, 2, 20))
-        monkeypatch.setattr(lean, "_kernels", lambda device: None)
+        monkeypatch.setattr(lean_blocks, "_kernels", lambda device: None)
         expected = _torch_path(scores, "mean"), fused_rows(scores, "mean", positions, torch.empty(2, 2, 20))
-        monkeypatch.setattr(lean, "_kernels", lambda device: lean_triton)
+        monkeypatch.setattr(lean_blocks, "_kernels", lambda device: lean_triton)
         for result, reference in zip(ours, expected):
             torch.testing.assert_close(result, reference, atol=1e-6, rtol=0)
 
@@ -226,11 +226,11 @@ def test_lean_methods_on_the_kernels_equal_the_torch_path(on_kernels, monkeypatc
     ids, mask = padded_batch(seed=3, batch=3)
     last = mask.sum(-1) - 1
     if block_bytes is not None:
-        monkeypatch.setattr(lean, "_BLOCK_BYTES", block_bytes)
+        monkeypatch.setattr(lean_blocks, "_BLOCK_BYTES", block_bytes)
     results = []
     for use_kernels in (True, False):
         if not use_kernels:
-            monkeypatch.setattr(lean, "_kernels", lambda device: None)
+            monkeypatch.setattr(lean_blocks, "_kernels", lambda device: None)
         results.append([
             AttentionRollout(model).attribute(ids, attention_mask=mask, position=last, layer=None),
             GradientWeightedRollout(model).attribute(ids, attention_mask=mask, position=last, layer=None, target=1),
@@ -242,15 +242,15 @@ def test_lean_methods_on_the_kernels_equal_the_torch_path(on_kernels, monkeypatc
 def test_blocks_sized_by_the_device(monkeypatch):
     """The CPU keeps its cache-sized blocks; a GPU takes a share of its free memory, capped; the
     kernels write only fused rows, so their blocks hold H times the rows of the torch path's."""
-    assert lean._block_bytes(torch.device("cpu")) == lean._BLOCK_BYTES
+    assert lean_blocks._block_bytes(torch.device("cpu")) == lean_blocks._BLOCK_BYTES
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (80 * 2**30, 80 * 2**30))
-    assert lean._block_bytes(torch.device("cuda")) == lean._GPU_BLOCK_BYTES
-    assert lean._kernels(torch.device("cpu")) is None and lean._kernels(torch.device("cuda")) is lean_triton
+    assert lean_blocks._block_bytes(torch.device("cuda")) == lean_blocks._GPU_BLOCK_BYTES
+    assert lean_blocks._kernels(torch.device("cpu")) is None and lean_blocks._kernels(torch.device("cuda")) is lean_triton
     query, key, _ = _inputs(n=4096, batch=1, heads=4, kv_heads=4)
     scores = AttentionScores(query, key, None, 0.3, False)
-    _, torch_rows, torch_scratch = lean._plan(scores)
-    monkeypatch.setattr(lean, "_kernels", lambda device: lean_triton)
-    _, kernel_rows, kernel_scratch = lean._plan(scores)
+    _, torch_rows, torch_scratch = lean_blocks._plan(scores)
+    monkeypatch.setattr(lean_blocks, "_kernels", lambda device: lean_triton)
+    _, kernel_rows, kernel_scratch = lean_blocks._plan(scores)
     assert kernel_rows == 4 * torch_rows and kernel_scratch == kernel_rows < torch_scratch
 
 
