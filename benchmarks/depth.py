@@ -16,6 +16,9 @@ cell (path x depth x repeat) runs in a fresh process, so each peak resident size
   keeps its input, the backward pass recomputes one layer at a time;
 * value_zeroing, alti, norm: ``ValueZeroing``, ``ALTI``, ``AttentionNorm`` (forward-only).
 
+Each child runs with ``MALLOC_MMAP_THRESHOLD_=65536`` (unless set): glibc then returns every freed
+tensor to the system at once, so the peak resident size is the peak of live memory (with glibc's
+adaptive threshold, repeats of one cell differed by up to 100 MiB, 25 MiB a layer over 4 layers).
 Printed per path: the peak at each depth (the range over ``--repeats`` processes), the growth per
 layer between the two depths (its range: the smallest peak at the greater depth minus the largest
 at the smaller, and the reverse), that growth over the floor, and the time at each depth (median
@@ -137,24 +140,31 @@ def main() -> None:
           f"{args.repeats} fresh processes per cell; floor (one layer's weights + input) {floor:.0f} MiB")
     print(f"{'path':27} {f'peak @{low} MiB':>15} {f'peak @{high} MiB':>15} {'growth/layer MiB':>17} "
           f"{'vs floor':>10} {f'time @{low}':>9} {f'time @{high}':>9} {'time vs without':>15}")
-    times: dict[str, float] = {}
-    for path in args.methods:
-        cells: dict[int, list[dict]] = {low: [], high: []}
-        for _ in range(args.repeats):
+    # Repeats outermost: each path's cells spread over the run, as the machine's load moves.
+    cells: dict[str, dict[int, list[dict]]] = {path: {low: [], high: []} for path in args.methods}
+    environment = {**os.environ, "MALLOC_MMAP_THRESHOLD_": os.environ.get("MALLOC_MMAP_THRESHOLD_", "65536")}
+    for repeat in range(args.repeats):
+        for path in args.methods:
             for layers in (low, high):
                 command = [sys.executable, __file__, "--child", path, str(layers), "--prompt", str(args.prompt)]
                 if args.threads:
                     command += ["--threads", str(args.threads)]
-                run = subprocess.run(command, capture_output=True, text=True)
+                run = subprocess.run(command, capture_output=True, text=True, env=environment)
                 if run.returncode != 0:
-                    print(f"{path:27} {layers} layers failed: {run.stderr.strip().splitlines()[-1]}", flush=True)
+                    print(f"# {path} {layers} layers failed: {run.stderr.strip().splitlines()[-1]}", flush=True)
                     continue
-                cells[layers].append(json.loads(run.stdout.strip().splitlines()[-1]))
-        if not cells[low] or not cells[high]:
+                cells[path][layers].append(json.loads(run.stdout.strip().splitlines()[-1]))
+                print(f"# repeat {repeat + 1}: {path}, {layers} layers: {cells[path][layers][-1]}, "
+                      f"load {os.getloadavg()[0]:.1f}", flush=True)
+    print(f"{'path':27} {f'peak @{low} MiB':>15} {f'peak @{high} MiB':>15} {'growth/layer MiB':>17} "
+          f"{'vs floor':>10} {f'time @{low}':>9} {f'time @{high}':>9} {'time vs without':>15}")
+    times: dict[str, float] = {}
+    for path in args.methods:
+        if not cells[path][low] or not cells[path][high]:
             continue
-        peaks = {d: [c["mib"] for c in cells[d]] for d in cells}
+        peaks = {d: [c["mib"] for c in cells[path][d]] for d in (low, high)}
         growth = ((min(peaks[high]) - max(peaks[low])) / (high - low), (max(peaks[high]) - min(peaks[low])) / (high - low))
-        seconds = {d: statistics.median(c["seconds"] for c in cells[d]) for d in cells}
+        seconds = {d: statistics.median(c["seconds"] for c in cells[path][d]) for d in (low, high)}
         times[path] = seconds[high]
         without = times.get(path.removesuffix("_recompute")) if path.endswith("_recompute") else None
         ratio = f"{seconds[high] / without:14.2f}x" if without else ""

@@ -167,6 +167,18 @@ def test_the_model_is_left_as_it_was_when_the_backward_pass_raises(monkeypatch):
                                atol=1e-6, rtol=0)
 
 
+def test_under_no_grad_with_frozen_parameters():
+    model = _decoder("llama")
+    ids, mask = padded_batch(seed=3, batch=3, n=9)
+    expected = {m: m(model, recompute=False).attribute(ids, attention_mask=mask) for m in (AttnLRP, GradientWeightedRollout)}
+    model.requires_grad_(False)
+    with torch.no_grad():
+        for method, scores in expected.items():
+            torch.testing.assert_close(method(model, recompute=True).attribute(ids, attention_mask=mask), scores,
+                                       atol=1e-6, rtol=0)
+    assert not any(p.requires_grad or p.grad is not None for p in model.parameters())
+
+
 def test_calls_from_several_threads_run_one_at_a_time():
     model = _decoder("llama")
     ids, mask = padded_batch(seed=3, batch=3, n=9)

@@ -93,6 +93,7 @@ class AttnLRP(AttentionAttribution, GradientAttribution):
             a module containing one that returns the score to explain. The model is left as it
             was: attention implementation, mode and hooks change only for the call.
         {recompute}
+            :meth:`attribute` only: :meth:`shares` keeps every biased layer's output anyway.
     """
 
     def __init__(self, forward_func: Any, recompute: bool | None = None) -> None:
