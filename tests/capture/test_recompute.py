@@ -11,7 +11,7 @@ import threading
 import pytest
 import torch
 import transformers
-from families import FAMILIES, family_inputs, make_family_model
+from families import DECODERS, FAMILIES, family_inputs, make_family_model
 from helpers import model_state, padded_batch
 
 from captum_attnflow import AttnLRP, GradientWeightedRollout
@@ -118,7 +118,8 @@ def test_every_family_gives_the_same_scores(model_type):
     """Encoders and decoders of the architecture table, mixtures and Gemma's soft-capping included
     (float32: the mixtures' grouped products take no float64)."""
     model = make_family_model(model_type)
-    ids, mask = family_inputs("left")
+    # Decoders padded on the left; an encoder on the right, where its default position, 0 (CLS), is a real token.
+    ids, mask = family_inputs("left" if model_type in DECODERS else "right")
     methods = (GradientWeightedRollout, AttnLRP) if model_type != "gemma2" else (GradientWeightedRollout,)  # no rules
     for method in methods:
         expected = method(model, recompute=False).attribute(ids, attention_mask=mask, target=1)

@@ -48,7 +48,7 @@ _RECOMPUTE_DOC = """recompute: layer-wise recomputation of the backward pass
             rounding), for one more forward pass per backward pass. None (default): where a
             block's activations outweigh its weights, token ids (B, n) with
             :math:`B n D \\cdot 16 \\ge` the parameters of one block (D the hidden size: from
-            690 tokens at hidden 1024 and intermediate 2816, 1 860 at Llama-3.2-1B, 3 330 at
+            689 tokens at hidden 1024 and intermediate 2816, 1 857 at Llama-3.2-1B, 3 329 at
             Llama-3.1-8B; :func:`~captum_attnflow.capture.recompute.recomputes`); True always
             (a ValueError on a model type whose blocks the architecture table does not list);
             False never."""

@@ -31,8 +31,9 @@ from transformers.cache_utils import Cache
 from captum_attnflow.hf.architectures import architecture_of
 from captum_attnflow.hf.models import main_model
 
-# A block keeps about this many numbers per token and hidden unit for a backward pass (measured
-# at Llama geometry, hidden 1024 and intermediate 2816, fp32: benchmarks/depth.py).
+# A block keeps about this many numbers per token and hidden unit for a backward pass: AttnLRP
+# 15.6, gradient-weighted rollout and Captum's gradients 19.5, measured at Llama geometry (hidden
+# 1024, intermediate 2816, float32: benchmarks/depth.py).
 ACTIVATION_WIDTHS = 16
 
 _RECOMPUTING: contextvars.ContextVar[bool] = contextvars.ContextVar("captum_attnflow_recomputing", default=False)
@@ -92,9 +93,9 @@ def recomputes(recompute: bool | None, forward_func: Any, inputs: Tensor, method
         B\\, n\\, D\\, w \\ge P_{block},
 
     D the hidden size, w = :data:`ACTIVATION_WIDTHS` and :math:`P_{block}` the parameters of one
-    block: from 690 tokens at the geometry of ``benchmarks/depth.py``, 1 860 at Llama-3.2-1B's,
-    3 330 at Llama-3.1-8B's. Below that the weights dominate a backward pass's memory and
-    recomputation costs time (a forward pass per backward pass) for little.
+    block: from 689 tokens at the geometry of ``benchmarks/depth.py``, 1 857 at Llama-3.2-1B's,
+    3 329 at Llama-3.1-8B's, 577 at GPT-2-small's. Below that the weights dominate a backward
+    pass's memory and recomputation costs time (a forward pass per backward pass) for little.
 
     Raises:
         ValueError: ``recompute=True`` on a model whose transformer blocks the architecture table does not list.
