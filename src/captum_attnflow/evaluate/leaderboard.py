@@ -33,7 +33,8 @@ class Leaderboard:
         higher_is_better: ``{metric: bool}`` for metric names other than those of the
             Evaluator (``"comprehensiveness"``, ``"sufficiency"``, ``"log-odds"``,
             ``"deletion-area"``, ``"subject-first"``, ``"positive-perturbation"``,
-            ``"negative-perturbation"``), whose direction is known.
+            ``"negative-perturbation"``) and the context metrics (``"top-3-drop"``, ``"lds"``,
+            ``"precision@1"``, ``"recall@5"``), whose direction is known.
         alpha: the significance level of the adjusted tests.
         confidence, n_resamples, seed: the bootstrap intervals', see
             :func:`~captum_attnflow.evaluate.bootstrap_interval`.
