@@ -227,7 +227,8 @@ class LLMAttentionAttribution(TokenPreparation, Attribution):
             template's text (`` to ``) and ``[CLS]`` belong to none:
 
             >>> from captum.attr import TextTemplateInput
-            >>> sources = explainer.attribute(TextTemplateInput("{} to {}", values=["the keys", "the cabinet"]), target="are .")
+            >>> prompt = TextTemplateInput("{} to {}", values=["the keys", "the cabinet"])
+            >>> sources = explainer.attribute(prompt, target="are .")
             >>> sources.input_tokens, sources.token_attr.shape
             (['the keys', 'the cabinet'], torch.Size([2, 2]))
             >>> bool(torch.allclose(sources.token_attr[:, 0], result.token_attr[:, 1:3].sum(1)))  # "the", "keys"
@@ -366,7 +367,8 @@ class LLMAttentionAttribution(TokenPreparation, Attribution):
         ]
 
     def _result(
-        self, text: TextTokenInput | TemplatePrompt, prompt: Tensor, output: Tensor, rows: Tensor, receptive_field: bool, drop_sink: bool
+        self, text: TextTokenInput | TemplatePrompt, prompt: Tensor, output: Tensor, rows: Tensor, receptive_field: bool,
+        drop_sink: bool,
     ) -> LLMAttentionAttributionResult:
         """Split (n_out, n_in + n_out) rows into the prompt's, the outputs' and the sink's shares."""
         n_in, n_out = prompt.numel(), output.numel()
@@ -395,7 +397,8 @@ class LLMAttentionAttribution(TokenPreparation, Attribution):
             if drop_sink:
                 columns[0] = False
             token_attr = prompt_rows[:, columns]
-            input_tokens, template_attr = self.tokenizer.convert_ids_to_tokens(prompt[columns.to(prompt.device)].tolist()), None
+            input_tokens = self.tokenizer.convert_ids_to_tokens(prompt[columns.to(prompt.device)].tolist())
+            template_attr = None
         return LLMAttentionAttributionResult(
             input_tokens=input_tokens,
             output_tokens=self.tokenizer.convert_ids_to_tokens(output.tolist()),

@@ -227,12 +227,9 @@ def _in_chat(tokenizer: Any, prompt: str, spans: list[list[tuple[int, int]]]) ->
         found = chat.rfind(shown) if shown else -1
         if found >= 0:
             lead = len(prompt) - len(prompt.lstrip()) if shown != prompt else 0
-            low, high = lead, lead + len(shown)
-            moved = [
-                [(found + max(start, low) - lead, found + min(end, high) - lead) for start, end in value_spans if min(end, high) > max(start, low)]
-                for value_spans in spans
-            ]
-            return chat, moved
+            clipped = [[(max(start, lead), min(end, lead + len(shown))) for start, end in value] for value in spans]
+            shift = found - lead
+            return chat, [[(start + shift, end + shift) for start, end in value if end > start] for value in clipped]
     raise ValueError(
         "the tokenizer's chat template rewrites the prompt, so its sources cannot be found in the chat text; "
         "set tokenizer.chat_template = None to explain the prompt without it."
@@ -296,9 +293,11 @@ def sum_over_sources(scores: Tensor, sources: Tensor, count: int) -> Tensor:
         >>> sum_over_sources(torch.tensor([[0.1, 0.2, 0.3, 0.4]]), torch.tensor([-1, 0, 2, 0]), 3)
         tensor([[0.6000, 0.0000, 0.3000]])
     """
-    if sources.dim() != 1 or sources.numel() != scores.shape[-1] or sources.dtype.is_floating_point or sources.dtype == torch.bool:
+    integers = not (sources.dtype.is_floating_point or sources.dtype.is_complex or sources.dtype == torch.bool)
+    if sources.dim() != 1 or sources.numel() != scores.shape[-1] or not integers:
         raise ValueError(
-            f"sources must be one integer per token, shape ({scores.shape[-1]},), got {tuple(sources.shape)} {sources.dtype}."
+            f"sources must be one integer per token, shape ({scores.shape[-1]},), "
+            f"got {tuple(sources.shape)} {sources.dtype}."
         )
     if sources.numel() and (int(sources.min()) < -1 or int(sources.max()) >= count):
         raise ValueError(f"sources must lie in -1..{count - 1} (-1: no source), got {sources.min()}..{sources.max()}.")

@@ -192,7 +192,8 @@ def context_prompt(
     if isinstance(context, str):
         pieces = [(source, True) for source in split_sources(context, by)]
     elif isinstance(context, Sequence) and all(isinstance(source, str) for source in context):
-        pieces = [piece for i, source in enumerate(context) for piece in ([(separator, False)] if i else []) + [(source, True)]]
+        pieces = [(separator, False)] * (2 * len(context) - 1)
+        pieces[::2] = [(source, True) for source in context]
     else:
         raise TypeError(f"context must be a string or a list of strings, got {type(context).__name__}.")
     values, parts = [], []
