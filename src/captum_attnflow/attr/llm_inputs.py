@@ -167,7 +167,7 @@ def template_prompt(inp: TextTemplateInput, tokenizer: Any) -> TemplatePrompt:
             f"{type(tokenizer).__name__} is not one: load it with AutoTokenizer.from_pretrained(name) (fast by default)."
         )
     text, spans = _value_spans(inp)
-    chat = getattr(tokenizer, "chat_template", None) is not None
+    chat = bool(getattr(tokenizer, "chat_template", None))
     if chat:
         text, spans = _in_chat(tokenizer, text, spans)
     encoding = tokenizer(text, add_special_tokens=not chat, return_offsets_mapping=True)
