@@ -17,13 +17,15 @@ HEAVY = ("torch", "transformers", "captum", "matplotlib", "numpy", "scipy", "hug
 
 def test_the_light_names_equal_the_registries_they_mirror():
     from captum_attnflow.benchmark import FLOOR, QUICK_EXAMPLES, QUICK_METHODS, TASKS
+    from captum_attnflow.benchmark.context import CONTEXT, CONTEXT_PEERS
 
     assert choices.METHODS == tuple(METHODS) and choices.EXTRA_METHODS == tuple(EXTRA_METHODS)
     assert choices.ATTENTION_METHODS == attention_methods() and choices.PAPER_METHODS == paper_methods()
     assert choices.DTYPES == ("auto", *DTYPES) and choices.DEVICE_MAPS == DEVICE_MAPS
     assert (choices.BENCHMARK_TASKS, choices.FLOOR, choices.QUICK_EXAMPLES, choices.QUICK_METHODS) == (
-        tuple(TASKS), FLOOR, QUICK_EXAMPLES, QUICK_METHODS
+        (*TASKS, CONTEXT), FLOOR, QUICK_EXAMPLES, QUICK_METHODS
     )
+    assert choices.CONTEXT_PEERS == CONTEXT_PEERS
     assert (choices.PROTOCOLS, choices.REPRODUCE_DATA, choices.RANKINGS) == (PROTOCOLS, tuple(DATA), RANKINGS)
     assert (choices.ADVERSARIAL_MODELS, choices.DEFAULT_LAMBDAS) == (tuple(MODELS), DEFAULT_LAMBDAS)
 

@@ -25,12 +25,12 @@ import argparse
 import sys
 from typing import Sequence
 
-from captum_attnflow.cli import adversarial, benchmark, explain, figures, generate, reproduce
+from captum_attnflow.cli import adversarial, benchmark, cite, explain, figures, generate, reproduce
 
 # The commands in the order ``--help`` lists them. Each module declares its command: ``HELP``
 # and ``DESCRIPTION`` (its line in the list and its own ``--help``), ``add_arguments(parser)``
 # and ``run(args)``; the sub-parser is named after the module.
-COMMANDS = (explain, figures, reproduce, generate, adversarial, benchmark)
+COMMANDS = (explain, figures, reproduce, generate, cite, adversarial, benchmark)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -25,7 +25,7 @@ DESCRIPTION = (
 
 def add_arguments(benchmark: argparse.ArgumentParser) -> None:
     """The arguments of ``benchmark``."""
-    names = (*choices.METHODS, *choices.EXTRA_METHODS, choices.FLOOR)
+    names = (*choices.METHODS, *choices.EXTRA_METHODS, choices.FLOOR, *choices.CONTEXT_PEERS)
     tasks = choices.BENCHMARK_TASKS
     benchmark.add_argument("--tasks", nargs="+", choices=tasks, default=tasks, metavar="TASK",
                            help=f"tasks (default: {' '.join(tasks)})")
