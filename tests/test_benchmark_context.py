@@ -104,3 +104,21 @@ def test_examples_from_the_users_rows_find_the_gold_source():
         context_examples(dict(rows, gold=["Turing", 0]), gold="gold")
     with pytest.raises(ValueError, match="no column 'question'"):
         context_examples({key: value for key, value in rows.items() if key != "question"})
+
+
+def test_the_users_context_rows_run_through_run_benchmark(lm):
+    import datasets
+
+    from captum_attnflow.benchmark import Columns, run_benchmark
+
+    model, tokenizer = lm
+    rows = datasets.Dataset.from_dict({
+        "context": ["the keys are old. the cabinet is new.", "the key is old. the cabinets are new."],
+        "question": ["the keys", "the key"], "answer": ["are", "is"], "gold": [0, 0],
+    })
+    result = run_benchmark(model=model, tokenizer=tokenizer, dataset=rows, columns=Columns(context="context", gold="gold"),
+                           methods=["rollout", "random"], n_resamples=99, show_progress=False, name="mine")
+    assert result.examples == {"mine": 2} and "mine: precision@1" in result.leaderboard.metrics
+    with pytest.raises(ValueError, match="no column 'answer'"):
+        run_benchmark(model=model, tokenizer=tokenizer, dataset=rows.remove_columns("answer"),
+                      columns=Columns(context="context"), methods=["random"], show_progress=False)

@@ -55,8 +55,14 @@ def add_arguments(benchmark: argparse.ArgumentParser) -> None:
         ("label", None, "the gold class to explain (default: the predicted one)"), ("prompt", "prompt", "a language model's prompt"),
         ("target", None, "the continuation whose first token is explained (default: the greedy next token)"),
         ("contrast", None, "explain target rather than this class / text (contrastive)"),
+        ("context", None, "a causal LM's context of sources: the context task (which source the answer came from)"),
+        ("question", "question", "the context task's question, asked after the context"),
+        ("answer", "answer", "the context task's answer, explained"),
+        ("gold", None, "the context task's gold source: its index or a piece of its text"),
     ):
         mine.add_argument(f"--{column}-column", default=default, metavar="NAME", help=f"{text} (default: {default})")
+    mine.add_argument("--by", choices=("sentence", "paragraph", "line"), default="sentence",
+                      help="the context task's sources: sentences, paragraphs or lines of the context (default: sentence)")
     mine.add_argument("--deletion", choices=("remove", "mask", "unk", "pad"), default="remove",
                       help="delete tokens from the attention mask (default) or write this token in their place")
     options.add_seed(mine, "the drawn rows and the random floor")
@@ -77,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
         data = load_data(args.data)
         model, tokenizer = load_model(common.model_directory(args.model), **common.placement(args))
         columns = Columns(args.text_column, args.pair_column, args.label_column, args.prompt_column,
-                          args.target_column, args.contrast_column)
+                          args.target_column, args.contrast_column, args.context_column, args.question_column,
+                          args.answer_column, args.gold_column, args.by)
         result = run_user_benchmark(
             model, tokenizer, data, columns, methods, examples, args.seed, args.batch_size, args.deletion,
             name=args.data.stem, show_progress=not args.no_progress, checkpoint_dir=args.checkpoint_dir,
