@@ -208,7 +208,7 @@ class Leaderboard:
         """Read a leaderboard written by :meth:`save` (example there).
 
         Raises:
-            ValueError: not such a file, or one of a newer format version.
+            ValueError: not such a file (a damaged one included), or one of a newer format version.
         """
         from captum_attnflow.saving import load_result
 
