@@ -43,3 +43,27 @@ def test_building_the_parser_and_every_help_imports_nothing_heavy():
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def _subparsers():
+    from captum_attnflow.cli import _parser
+
+    parser = _parser()
+    return parser, {name: sub for action in parser._subparsers._group_actions for name, sub in action.choices.items()}
+
+
+def test_every_option_states_its_default_once_and_never_as_none():
+    _, commands = _subparsers()
+    for name, command in commands.items():
+        for action in command._actions:
+            text = action.help or ""
+            assert text.count("(default:") <= 1, (name, action.option_strings, text)
+            assert "(default: None)" not in text, (name, action.option_strings, text)
+
+
+def test_top_level_help_offers_the_commands_for_any_model():
+    parser, commands = _subparsers()
+    text = " ".join(parser.format_help().split())
+    assert "--model NAME_OR_DIR" in text and "on the bundled subject-verb agreement model." not in text
+    takes_model = {name for name, command in commands.items() if any("--model" in a.option_strings for a in command._actions)}
+    assert takes_model == {"explain", "figures", "reproduce", "generate", "benchmark"}  # all but the adversarial study

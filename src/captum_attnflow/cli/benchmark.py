@@ -50,17 +50,17 @@ def add_arguments(benchmark: argparse.ArgumentParser) -> None:
     )
     options.add_model(mine, "your model, with its tokenizer")
     mine.add_argument("--data", type=Path, metavar="FILE", help="a .csv, .tsv, .jsonl or .parquet file")
-    for column, default, text in (
-        ("text", "text", "a classifier's input text"), ("pair", None, "the second text of sentence pairs"),
-        ("label", None, "the gold class to explain (default: the predicted one)"), ("prompt", "prompt", "a language model's prompt"),
-        ("target", None, "the continuation whose first token is explained (default: the greedy next token)"),
-        ("contrast", None, "explain target rather than this class / text (contrastive)"),
-        ("context", None, "a causal LM's context of sources: the context task (which source the answer came from)"),
-        ("question", "question", "the context task's question, asked after the context"),
-        ("answer", "answer", "the context task's answer, explained"),
-        ("gold", None, "the context task's gold source: its index or a piece of its text"),
+    for column, default, text, without in (  # without: what is used when the column is not named
+        ("text", "text", "a classifier's input text", None), ("pair", None, "the second text of sentence pairs", "none"),
+        ("label", None, "the gold class to explain", "the predicted one"), ("prompt", "prompt", "a language model's prompt", None),
+        ("target", None, "the continuation whose first token is explained", "the greedy next token"),
+        ("contrast", None, "explain target rather than this class / text (contrastive)", "none"),
+        ("context", None, "a causal LM's context of sources: the context task (which source the answer came from)", "none"),
+        ("question", "question", "the context task's question, asked after the context", None),
+        ("answer", "answer", "the context task's answer, explained", None),
+        ("gold", None, "the context task's gold source: its index or a piece of its text", "none"),
     ):
-        mine.add_argument(f"--{column}-column", default=default, metavar="NAME", help=f"{text} (default: {default})")
+        mine.add_argument(f"--{column}-column", default=default, metavar="NAME", help=f"{text} (default: {default or without})")
     mine.add_argument("--by", choices=("sentence", "paragraph", "line"), default="sentence",
                       help="the context task's sources: sentences, paragraphs or lines of the context (default: sentence)")
     mine.add_argument("--deletion", choices=("remove", "mask", "unk", "pad"), default="remove",
