@@ -25,6 +25,7 @@ import argparse
 import sys
 from typing import Sequence
 
+from captum_attnflow.cli import _common as common
 from captum_attnflow.cli import adversarial, benchmark, cite, explain, figures, generate, reproduce
 
 # The commands in the order ``--help`` lists them. Each module declares its command: ``HELP``
@@ -67,6 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
+        if hasattr(args, "device"):
+            common.check_placement(args)
         return args.run(args)
     except (ValueError, TypeError, OSError) as error:
         print(f"captum-attnflow {args.command}: error: {error}", file=sys.stderr)
