@@ -39,6 +39,24 @@ def test_colour_is_monotone_in_the_score_and_diverges_at_zero():
     assert colour(0.0, 1.0) == (255, 255, 255) and colour(5, 1) == POSITIVE and colour(-5, 1) == NEGATIVE
 
 
+def _legends(page: str) -> list[tuple[float, list[tuple[int, ...]], float]]:
+    """Each legend's low number, its gradient's colour stops and its high number."""
+    pattern = re.compile(r'<div class="caf-legend"><span>([^<]+)</span><span class="caf-bar" '
+                         r'style="background:linear-gradient\(to right, ([^"]+)\)"></span><span>([^<]+)</span>')
+    stops = re.compile(r"rgb\((\d+), (\d+), (\d+)\)")
+    return [(float(low), [tuple(map(int, stop)) for stop in stops.findall(bar)], float(high)) for low, bar, high in pattern.findall(page)]
+
+
+def test_the_legend_starts_at_zero_unless_a_score_is_negative():
+    weights = torch.tensor([[0.2, 0.1, 0.3], [0.1, 0.5, 0.4]])  # raw attention, rollout, flow: never below 0
+    relevance = torch.tensor([0.1, -0.8, 0.4])
+    page = ExplanationResult(["the", "keys", "are"], {"rollout": weights, "attnlrp": relevance}).to_html()
+    white = (255, 255, 255)
+    assert _legends(page) == [(0.0, [white, colour(0.5, 0.5)], 0.5), (-0.8, [NEGATIVE, white, POSITIVE], 0.8)]
+    scores = {(cell["row"], cell["token"]): cell for cell in _cells(page)}
+    assert scores[("L2", "keys")]["rgb"] == POSITIVE and scores[("attnlrp", "keys")]["rgb"] == NEGATIVE
+
+
 @needs_browser
 def test_explain_html_renders_in_chromium(tmp_path):
     page, shot = tmp_path / "view.html", tmp_path / "view.png"
