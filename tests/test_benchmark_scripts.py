@@ -10,7 +10,7 @@ from pathlib import Path
 BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
 # flow.py and lxt_agreement.py import torch, networkx and scipy at module level (a table of the
 # networkx solvers, a torch.autograd.Function of their own) and are not held to this.
-LIGHT = ("gpu.py", "rollout.py", "generation.py", "internals.py", "llm.py", "memory.py")
+LIGHT = ("gpu.py", "rollout.py", "generation.py", "internals.py", "llm.py", "memory.py", "context.py")
 
 
 def test_help_imports_nothing_heavy():

@@ -80,8 +80,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="captum-attnflow",
         description="Attention rollout and attention flow (Abnar & Zuidema, ACL 2020) and the other attention "
-        "attributions, on the bundled models (a subject-verb agreement classifier and language model) or on "
-        "yours: every command that explains a model takes --model NAME_OR_DIR.",
+        "attributions, on the bundled models or on yours: every command that explains a model takes "
+        "--model NAME_OR_DIR.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS:
