@@ -55,18 +55,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _prompt(args: argparse.Namespace, context: str) -> tuple[Any, Any, Any]:
-    """The model, its tokenizer and the question's ``TextTemplateInput``: the bundled retrieval
-    model reads its own prompt form (:func:`~captum_attnflow.data.retrieval_prompt`), any other
-    model :func:`~captum_attnflow.context_prompt`'s."""
-    from captum_attnflow.data.sources import context_prompt, split_sources
+    """The model, its tokenizer and the question's ``TextTemplateInput``
+    (:func:`~captum_attnflow.context_prompt`): for the bundled retrieval model in the form it was
+    trained on, the sources one a line, then ``Question: ...`` and ``Answer:``."""
+    from captum_attnflow.data.sources import context_prompt
 
     if args.model is None:
-        from captum_attnflow.data.retrieval import retrieval_prompt
+        from captum_attnflow.data.retrieval import TEMPLATE_TAIL
         from captum_attnflow.models import load_retrieval_model
 
         model, tokenizer = load_retrieval_model(**common.placement(args))
-        sources = [source.strip() for source in split_sources(context, by=args.by or "line") if source.strip()]
-        return model, tokenizer, retrieval_prompt(sources, args.question)
+        return model, tokenizer, context_prompt(context, args.question, by=args.by or "line", template="{context}\n" + TEMPLATE_TAIL)
     from captum_attnflow.cli.generate import _load_language_model
 
     model, tokenizer = _load_language_model(args.model, common.placement(args))
