@@ -115,12 +115,17 @@ def test_a_small_leaderboard_ranks_methods_on_every_task_and_resumes(tmp_path):
     assert {"leaderboard_agreement.png", "leaderboard_chunking.png", "report.html"} <= {path.name for path in paths}
     assert Leaderboard.load(tmp_path / "out" / "leaderboard.json") == result.leaderboard
     report = (tmp_path / "out" / "report.html").read_text()
-    assert report.count("data:image/png;base64,") == 2 and report.count('<div class="caf-view"') == 4  # 2 examples a task
+    # the diagram across the tasks and one figure per task; 2 examples a task
+    assert report.count("data:image/png;base64,") == 3 and report.count('<div class="caf-view"') == 4
+    across = result.critical_difference()
+    assert across.blocks == metrics  # every metric of every task is a block
+    assert set(across.names) == {"rollout (last layer)", "rollout (best layer)", "saliency", "random"}
+    assert "critical_difference.png" in {path.name for path in paths} and "Across the tasks" in result.to_markdown()
     assert resumed.shown == {"agreement": [], "chunking": []}  # resumed past the first batch: nothing to show
     table = result.leaderboard.to_markdown().split("chunking: comprehensiveness")[1]
-    order = result.leaderboard.ranking("chunking: comprehensiveness").by_rank()
+    order = result.leaderboard.ranking("chunking: comprehensiveness").names
     listed = [line.split(" | ")[0].lstrip("| ") for line in table.splitlines() if line.startswith("| ") and "---" not in line][1:5]
-    assert listed == order  # tables by rank, best first
+    assert listed == order  # tables by mean, best first
 
 
 def test_unknown_names_are_refused_with_the_known_ones():
