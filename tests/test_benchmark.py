@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from captum_attnflow import AttentionRollout, extract_attentions
-from captum_attnflow.benchmark import TASKS, run_benchmark
+from captum_attnflow.benchmark import TASKS, BenchmarkResult, run_benchmark
 from captum_attnflow.benchmark.runner import _attribute
 from captum_attnflow.benchmark.tasks import sentence_pairs
 from captum_attnflow.data import CHUNK_TAGS
@@ -131,3 +131,23 @@ def test_a_small_leaderboard_ranks_methods_on_every_task_and_resumes(tmp_path):
 def test_unknown_names_are_refused_with_the_known_ones():
     with pytest.raises(ValueError, match="methods are .*alti.*tasks are agreement, lm, similarity, chunking"):
         run_benchmark(tasks=["sst2"], methods=["lime"])
+
+
+def test_the_diagram_across_tasks_takes_every_task_and_one_name_per_method():
+    """Entries of different depths (rollout L6, rollout L4) and the context task's rows (rollout
+    through the wrapper, at the last layer) are one method; what some task lacks is left out."""
+    rng = np.random.default_rng(0)
+    entries = {
+        "agreement: comprehensiveness": ["rollout L6", "rollout, best L2", "attnlrp", "saliency", "random"],
+        "chunking: comprehensiveness": ["rollout L4", "rollout, best L1", "attnlrp", "saliency", "random"],
+        "context: lds": ["rollout", "attnlrp", "leave-one-out", "random"],
+    }
+    values = {(name, metric, None): rng.normal(0.5 - 0.1 * i, 0.05, 8) for metric, names in entries.items()
+              for i, name in enumerate(names)}
+    board = Leaderboard(values, higher_is_better=dict.fromkeys(entries, True), n_resamples=99)
+    result = BenchmarkResult(board, {}, {"agreement": 8, "chunking": 8, "context": 8})
+    across = result.critical_difference()
+    assert across.blocks == list(entries)
+    assert sorted(across.names) == ["attnlrp", "random", "rollout (last layer)"]
+    assert sorted(across.left_out) == ["leave-one-out", "rollout (best layer)", "saliency"]
+    assert across.average_ranks["rollout (last layer)"] == 1.0 and across.average_ranks["random"] == 3.0

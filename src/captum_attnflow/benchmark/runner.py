@@ -23,7 +23,7 @@ from captum_attnflow.benchmark.tasks import Task
 from captum_attnflow.evaluate import Evaluator, Leaderboard
 from captum_attnflow.evaluate.friedman import CriticalDifference
 from captum_attnflow.evaluate.metrics import higher_is_better
-from captum_attnflow.methods import method_entry
+from captum_attnflow.methods import METHODS, method_entry
 
 FLOOR = "random"
 # The names _entries gives a per-layer method: "rollout L6" (its last layer), "rollout, best L3".
@@ -56,7 +56,9 @@ class BenchmarkResult:
         ranked there by its mean, the average ranks tested by Friedman's test and Nemenyi's
         (:meth:`Leaderboard.critical_difference`). A per-layer method appears as
         ``method (last layer)`` and ``method (best layer)``, whatever its layer count in each
-        task's model.
+        task's model (see :func:`method_name`). Only methods scored in every task are compared,
+        the others are listed as left out: with the context task, whose rows score sources,
+        the gradient baselines, blank-out and the best layers.
 
         Returns:
             CriticalDifference: its ``plot()`` is the critical-difference diagram.
@@ -256,19 +258,23 @@ def _all_processes(timing: dict[str, list[float]]) -> dict[str, list[float]]:
 
 def method_name(entry: str) -> str:
     """The method a benchmark entry stands for in every task: ``rollout L6`` (the last layer of a
-    6-layer model) is ``rollout (last layer)``, ``rollout, best L3`` is ``rollout (best layer)``,
-    other names stay.
+    6-layer model) is ``rollout (last layer)``, ``rollout, best L3`` is ``rollout (best layer)``;
+    a per-layer method named alone (the context task's rows, explained through
+    :class:`~captum_attnflow.LLMAttentionAttribution` at its default, the last layer) is its last
+    layer too; other names stay.
 
     Example::
 
         >>> from captum_attnflow.benchmark.runner import method_name
-        >>> method_name("rollout L6"), method_name("flow, best L2"), method_name("saliency")
-        ('rollout (last layer)', 'flow (best layer)', 'saliency')
+        >>> method_name("rollout L6"), method_name("flow, best L2"), method_name("rollout"), method_name("saliency")
+        ('rollout (last layer)', 'flow (best layer)', 'rollout (last layer)', 'saliency')
     """
     match = _LAYERED.fullmatch(entry)
-    if match is None:
-        return entry
-    return f"{match['method']} ({'best' if match['best'] else 'last'} layer)"
+    if match is not None:
+        return f"{match['method']} ({'best' if match['best'] else 'last'} layer)"
+    if entry in METHODS and METHODS[entry].per_layer:
+        return f"{entry} (last layer)"
+    return entry
 
 
 def _entries(task: str, metrics: dict[tuple, np.ndarray]) -> dict[tuple, np.ndarray]:
