@@ -18,8 +18,9 @@ HELP = "rank attribution methods by faithfulness: a leaderboard with confidence 
 DESCRIPTION = (
     f"Every method explains held-out examples of each task ({', '.join(choices.BENCHMARK_TASKS)}); faithfulness (AOPC "
     "comprehensiveness and sufficiency, log-odds, deletion-curve area, and the agreement data's subject-first "
-    "ground truth) per method with bootstrap intervals and Holm-adjusted Wilcoxon tests, and each method's time "
-    "per example. Writes leaderboard.md, leaderboard.csv and leaderboard.png to DIR."
+    "ground truth) per method with bootstrap intervals and Holm-adjusted Wilcoxon tests, the methods' average ranks "
+    "across the tasks (Friedman and Nemenyi tests), and each method's time per example. Writes leaderboard.md, "
+    "leaderboard.csv, leaderboard.png, critical_difference.png and report.html to DIR."
 )
 
 
