@@ -10,20 +10,35 @@ from the weights (``tests/hf/test_architectures.py``, ``tests/attr``).
 
 The attention probabilities and value vectors themselves come through transformers'
 attention-function interface (:mod:`captum_attnflow.capture.internals`), so the table holds only what
-that interface does not pass.
+that interface does not pass; for the families whose attention runs in their own modules
+(DeBERTa, MPNet, BLOOM, Falcon) it also says where their probabilities, queries, keys, values
+and score terms are (:mod:`captum_attnflow.hf.own_attention`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch import Tensor, nn
 from transformers.pytorch_utils import Conv1D
 
 from captum_attnflow.hf.models import main_model
+from captum_attnflow.hf.own_attention import (
+    BLOOM,
+    DEBERTA,
+    FALCON,
+    MPNET,
+    OwnAttention,
+    bloom_after,
+    bloom_residual,
+    deberta_head,
+    deberta_refused,
+    falcon_after,
+    mpnet_after,
+)
 
 
 @dataclass(frozen=True)
@@ -79,9 +94,17 @@ class Architecture:
             ``cls_token`` and ``distillation_token``), on the module holding the patch embeddings.
         lrp: whether AttnLRP runs on the family's models: its rules cover every nonlinearity
             (norms and activations are modules or listed above, the gated product is listed)
-            and the token embeddings are a module's output; False where either is not so
-            (CLIP's and SigLIP's vision towers flatten their patch convolution's output outside
-            any module).
+            and the token embeddings are a module's output.
+        lrp_refused: ``config -> reason or None``: why AttnLRP's rules do not cover a model of
+            the family built with this config (a nonlinearity it calls as a plain function,
+            such as DeBERTa-v2's convolution layer), None where they do.
+        own_attention: where a family whose attention runs in its own module, outside
+            transformers' attention-function interface, keeps its probabilities, projections
+            and score terms (:class:`~captum_attnflow.hf.own_attention.OwnAttention`); None for
+            the families whose attention goes through that interface.
+        residual: ``(block, x) -> r``, what the attention's output is added to where it is not
+            the block's input x (BLOOM with ``apply_residual_connection_post_layernorm``: the
+            input norm's output), :math:`y = r + \mathrm{attention}`; ALTI reads it.
     """
 
     blocks: tuple[str, ...]
@@ -97,6 +120,9 @@ class Architecture:
     layer_order: Callable[[nn.Module], list[nn.Module]] | None = None
     function_activations: Callable[[nn.Module], list[tuple[nn.Module, nn.Module, Callable[[Tensor], Tensor]]]] | None = None
     attention_norm: Callable[[nn.Module], nn.Module] | None = None
+    lrp_refused: Callable[[Any], str | None] | None = None
+    own_attention: OwnAttention | None = None
+    residual: Callable[[nn.Module, Tensor], Tensor] | None = None
 
 
 def _bert_after(block: nn.Module, x: Tensor, attention: Tensor) -> Tensor:
@@ -208,6 +234,22 @@ _BERT = Architecture(
     _bert_after,
 )
 _ROBERTA = dataclasses.replace(_BERT, function_activations=_roberta_head)
+# Attention in their own modules (relative positions, ALiBi): see captum_attnflow.hf.own_attention.
+_DEBERTA = dataclasses.replace(
+    _BERT, blocks=("DebertaV2Layer",), function_activations=deberta_head, lrp_refused=deberta_refused,
+    own_attention=DEBERTA,
+)
+_MPNET = Architecture(
+    ("MPNetLayer",), lambda block: block.attention.attn.o, lambda block: block.attention.LayerNorm, mpnet_after,
+    function_activations=_roberta_head, own_attention=MPNET,
+)
+_BLOOM = Architecture(
+    ("BloomBlock",), lambda block: block.self_attention.dense, None, bloom_after, residual=bloom_residual,
+    own_attention=BLOOM,
+)
+_FALCON = Architecture(
+    ("FalconDecoderLayer",), lambda block: block.self_attention.dense, None, falcon_after, own_attention=FALCON
+)
 _ALBERT = Architecture(
     ("AlbertLayer",), lambda block: block.attention.dense, lambda block: block.attention.LayerNorm, _albert_after,
     layer_order=_albert_order,
@@ -292,6 +334,10 @@ ARCHITECTURES: dict[str, Architecture] = {
     "electra": _BERT,
     "albert": _ALBERT,
     "modernbert": _MODERNBERT,
+    "deberta-v2": _DEBERTA,
+    "mpnet": _MPNET,
+    "bloom": _BLOOM,
+    "falcon": _FALCON,
     "gpt2": _GPT2,
     "gpt_neox": _GPT_NEOX,
     "gptj": _GPTJ,
