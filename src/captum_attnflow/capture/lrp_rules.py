@@ -17,7 +17,7 @@ import torch
 import transformers.activations
 from torch import Tensor, nn
 
-from captum_attnflow.hf.architectures import RMS_NORMS, SCALED_RMS_NORMS, Architecture
+from captum_attnflow.hf.architectures import ACTIVATIONS, RMS_NORMS, SCALED_RMS_NORMS, Architecture
 from captum_attnflow.hf.dispatch import onloaded
 
 # Element-wise activations of torch (transformers' own are every module of transformers.activations).
@@ -147,8 +147,37 @@ def _function_activation_hooks(model: nn.Module, architecture: Architecture) -> 
     return handles
 
 
+def _output_activation_hooks(model: nn.Module, architecture: Architecture) -> list[Any]:
+    """The identity rule on the element-wise function the architecture lists between the model's
+    last module and its logits, ``logits = f(producer(x))`` (Gemma 2's final soft-capping): the
+    output's logits become ``f(z)`` with gradient ``f(z) / z`` with respect to the producer's
+    output z."""
+    found = architecture.output_activation(model) if architecture.output_activation is not None else None
+    if found is None:
+        return []
+    producer, function = found
+    produced: list[Tensor] = []
+
+    def keep(module: nn.Module, args: tuple, output: Tensor) -> None:
+        produced[:] = [output]
+
+    def rule(module: nn.Module, args: tuple, output: Any) -> Any:
+        z, y = produced[0], getattr(output, "logits", None)
+        if y is None or y.shape != z.shape or not torch.equal(function(z.detach()), y.detach()):
+            raise ValueError(
+                f"AttnLRP expected {type(module).__name__}'s logits to be {function.__name__} of its "
+                f"{type(producer).__name__}'s output (the architecture table's output_activation); they are not, "
+                "so the rule cannot be applied."
+            )
+        output.logits = _IdentityRule.apply(z, y.detach(), 1.0)
+        return output
+
+    return [producer.register_forward_hook(keep), model.register_forward_hook(rule)]
+
+
 def _is_activation(module: nn.Module) -> bool:
-    return isinstance(module, _TORCH_ACTIVATIONS) or type(module).__module__ == transformers.activations.__name__
+    return (isinstance(module, _TORCH_ACTIVATIONS) or type(module).__module__ == transformers.activations.__name__
+            or type(module).__name__ in ACTIVATIONS)
 
 
 def _rule_hooks(model: nn.Module, architecture: Architecture, blocks: list[nn.Module]) -> list[tuple[nn.Module, Callable]]:

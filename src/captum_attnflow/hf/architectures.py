@@ -123,6 +123,7 @@ class Architecture:
     lrp_refused: Callable[[Any], str | None] | None = None
     own_attention: OwnAttention | None = None
     residual: Callable[[nn.Module, Tensor], Tensor] | None = None
+    output_activation: Callable[[nn.Module], tuple[nn.Module, Callable[[Tensor], Tensor]] | None] | None = None
 
 
 def _bert_after(block: nn.Module, x: Tensor, attention: Tensor) -> Tensor:
@@ -303,14 +304,27 @@ _VIT = Architecture(
     class_tokens=("cls_token", "distillation_token"),
 )
 
+def _final_softcap(model: nn.Module) -> tuple[nn.Module, Callable[[Tensor], Tensor]] | None:
+    """Gemma 2's soft-capping of its language-model head's output z, :math:`c \\tanh(z / c)` (None without one)."""
+    cap, head = getattr(model.config, "final_logit_softcapping", None), getattr(model, "lm_head", None)
+    if cap is None or head is None:
+        return None
+
+    def softcap(z: Tensor) -> Tensor:
+        return torch.tanh(z / cap) * cap
+
+    return head, softcap
+
+
 # Norms on the attention's output before the residual (and on the feed-forward's): Gemma 2 and 3
-# (input norms too), OLMo 2 (no input norm). Gemma 2's soft-capping, in its attention and on its
-# final logits (a plain torch.tanh after the last module), has no rule in AttnLRP.
-_GEMMA3 = Architecture(
+# (input norms too), OLMo 2 (no input norm). Gemma 2's soft-capping in its attention is the
+# attention call's softcap (AttnLRP's attention function gives it the identity rule); on its
+# final logits, a plain torch.tanh after the last module.
+_GEMMA = Architecture(
     ("Gemma2DecoderLayer", "Gemma3DecoderLayer"), lambda block: block.self_attn.o_proj, None, _gemma_after,
     gated_unit=lambda block: (block.mlp.act_fn, block.mlp.up_proj), attention_norm=lambda block: block.post_attention_layernorm,
+    output_activation=_final_softcap,
 )
-_GEMMA2 = dataclasses.replace(_GEMMA3, lrp=False)
 _OLMO2 = Architecture(
     ("Olmo2DecoderLayer",), lambda block: block.self_attn.o_proj, None, _olmo2_after,
     gated_unit=lambda block: (block.mlp.act_fn, block.mlp.up_proj), attention_norm=lambda block: block.post_attention_layernorm,
@@ -352,8 +366,8 @@ ARCHITECTURES: dict[str, Architecture] = {
     "qwen3_moe": _QWEN3_MOE,
     "phi3": _PHI3,
     "olmo2": _OLMO2,
-    "gemma2": _GEMMA2,
-    "gemma3_text": _GEMMA3,
+    "gemma2": _GEMMA,
+    "gemma3_text": _GEMMA,
     "dinov2": _DINOV2,
     "vit": _VIT,
     "clip_text_model": _CLIP_TEXT,
@@ -372,6 +386,8 @@ RMS_NORMS = (
 # RMS norms of other forms, :math:`y = w' \odot x / \sqrt{\overline{x^2} + \epsilon}` with
 # w' = 1 + w (Gemma) or w (OLMo 2): AttnLRP's identity rule on them is the ratio y / x.
 SCALED_RMS_NORMS = ("Gemma2RMSNorm", "Gemma3RMSNorm", "Olmo2RMSNorm")
+# Element-wise activation modules outside torch.nn and transformers.activations (BLOOM's GELU).
+ACTIVATIONS = ("BloomGelu",)
 
 
 def architecture_of(forward_func: object, method: str) -> tuple[Architecture, list[nn.Module]]:
