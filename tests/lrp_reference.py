@@ -150,17 +150,18 @@ class _Tape:
         return self.node(y, [x], rule)
 
     def attention(self, q, k, v, heads, kv_heads, allowed, scale, bias=None, softcap=None):
-        """Multi-head attention of (n, heads*d) queries over (n, kv_heads*d) keys and values;
-        ``bias`` (H, n, n) added to the scores, ``softcap`` c: the scores capped to c tanh(S / c)."""
+        """Multi-head attention of (n, heads*d) queries over (m, kv_heads*d) keys and values;
+        ``allowed`` (n, m), ``bias`` (H, n, m) added to the scores, ``softcap`` c: the scores
+        capped to c tanh(S / c)."""
         Q, K, V = self.v(q), self.v(k), self.v(v)
-        n = Q.shape[0]
+        n, m = Q.shape[0], K.shape[0]
         d = Q.shape[1] // heads
         group = heads // kv_heads
         Qh = Q.reshape(n, heads, d).transpose(0, 1)
-        Kh = K.reshape(n, kv_heads, d).transpose(0, 1)[torch.arange(heads) // group]
-        Vh = V.reshape(n, kv_heads, d).transpose(0, 1)[torch.arange(heads) // group]
-        bias = torch.zeros(heads, n, n, dtype=Q.dtype) if bias is None else bias.expand(heads, n, n)
-        S = scale * Qh @ Kh.transpose(1, 2) + bias  # (H, n, n)
+        Kh = K.reshape(m, kv_heads, d).transpose(0, 1)[torch.arange(heads) // group]
+        Vh = V.reshape(m, kv_heads, d).transpose(0, 1)[torch.arange(heads) // group]
+        bias = torch.zeros(heads, n, m, dtype=Q.dtype) if bias is None else bias.expand(heads, n, m)
+        S = scale * Qh @ Kh.transpose(1, 2) + bias  # (H, n, m)
         capped = S if softcap is None else softcap * torch.tanh(S / softcap)
         A = torch.softmax(capped.masked_fill(~allowed, float("-inf")), -1)
         O = A @ Vh  # (H, n, d)
@@ -179,7 +180,7 @@ class _Tape:
             qk = scale * Qh[:, :, None] * Kh[:, None] * _ratio(RS, S)[..., None]  # (H, i, j, d)
             RQ = 0.5 * qk.sum(2)
             RK = 0.5 * qk.sum(1)
-            fold = lambda Rh: Rh.reshape(kv_heads, group, n, d).sum(1).transpose(0, 1).reshape(n, kv_heads * d)
+            fold = lambda Rh: Rh.reshape(kv_heads, group, m, d).sum(1).transpose(0, 1).reshape(m, kv_heads * d)
             return [RQ.transpose(0, 1).reshape(n, heads * d), fold(RK), fold(RV)]
 
         return self.node(y, [q, k, v], rule)
@@ -424,14 +425,113 @@ def _falcon(model, ids, position):
             q, k = tape.rotary(q, heads, torch.arange(n), theta), tape.rotary(k, kv, torch.arange(n), theta)
         context = tape.attention(q, k, v, heads, kv, allowed, 1.0 / math.sqrt(dh), bias)
         m = tape.layer_norm(h, block.ln_mlp) if hasattr(block, "ln_mlp") else a
-        inner = tape.identity(tape.linear(m, block.mlp.dense_h_to_4h.weight), block.mlp.act)
-        h = tape.add(h, tape.linear(context, att.dense.weight), tape.linear(inner, block.mlp.dense_4h_to_h.weight))
+        mlp = block.mlp
+        inner = tape.identity(tape.linear(m, mlp.dense_h_to_4h.weight, mlp.dense_h_to_4h.bias), mlp.act)
+        h = tape.add(h, tape.linear(context, att.dense.weight, att.dense.bias),
+                     tape.linear(inner, mlp.dense_4h_to_h.weight, mlp.dense_4h_to_h.bias))
     h = tape.layer_norm(h, falcon.ln_f)
     return tape, tape.linear(tape.take(h, position), model.lm_head.weight)
 
 
+def _gemma2(model, ids, position):
+    """Gemma 2: embeddings times sqrt(D), RMS norms scaling by 1 + w around the attention and the
+    gated feed-forward, local layers attending to the last ``sliding_window`` tokens, the scores
+    and the logits soft-capped (the identity rule)."""
+    base, config = model.model, model.config
+    tape, n = _Tape(), ids.shape[0]
+    token = tape.leaf(base.embed_tokens.weight[ids], "token")
+    h = tape.affine(token, torch.full((config.hidden_size,), config.hidden_size**0.5, dtype=torch.float64), None)
+
+    def norm(x, module):
+        X = tape.v(x)
+        rms = torch.sqrt((X**2).mean(-1, keepdim=True) + module.eps)
+        return tape.affine(tape.identity(x, lambda value: value / rms), 1 + module.weight, None)
+
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    local = causal & (torch.arange(n)[:, None] - torch.arange(n)[None] < config.sliding_window)
+    theta = config.rope_parameters["rope_theta"]
+    for layer, kind in zip(base.layers, config.layer_types):
+        att = layer.self_attn
+        a = norm(h, layer.input_layernorm)
+        q = tape.rotary(tape.linear(a, att.q_proj.weight, att.q_proj.bias), heads, torch.arange(n), theta)
+        k = tape.rotary(tape.linear(a, att.k_proj.weight, att.k_proj.bias), kv_heads, torch.arange(n), theta)
+        v = tape.linear(a, att.v_proj.weight, att.v_proj.bias)
+        context = tape.attention(q, k, v, heads, kv_heads, local if kind == "sliding_attention" else causal,
+                                 config.query_pre_attn_scalar**-0.5, softcap=config.attn_logit_softcapping)
+        h = tape.add(h, norm(tape.linear(context, att.o_proj.weight, att.o_proj.bias), layer.post_attention_layernorm))
+        m = norm(h, layer.pre_feedforward_layernorm)
+        mlp = layer.mlp
+        gate = tape.identity(tape.linear(m, mlp.gate_proj.weight), mlp.act_fn)
+        inner = tape.linear(tape.product(gate, tape.linear(m, mlp.up_proj.weight)), mlp.down_proj.weight)
+        h = tape.add(h, norm(inner, layer.post_feedforward_layernorm))
+    logits = tape.linear(tape.take(norm(h, base.norm), position), model.lm_head.weight)
+    cap = config.final_logit_softcapping
+    return tape, tape.identity(logits, lambda value: cap * torch.tanh(value / cap))
+
+
+def _vision_tower(model, pixels, feature):
+    """A vision tower's pooled output, feature ``feature``: DINOv2 (class token, layer scales; the
+    final norm's class row), CLIP (class embedding, a norm before the layers; the class row
+    normed), SigLIP (no class token; all rows normed, then the pooling head: a learned probe's
+    attention over them, a relevance sink, and a feed-forward, residual)."""
+    kind = model.config.model_type
+    tower = model
+    embeddings = tower.embeddings
+    tape = _Tape()
+    if kind == "dinov2":
+        patches = embeddings.patch_embeddings(pixels[None])[0]
+        token = tape.leaf(torch.cat([embeddings.cls_token[0], patches]), "token")
+        position = embeddings.position_embeddings[0]
+    else:
+        patches = embeddings.patch_embedding(pixels[None])[0].flatten(1).T  # (h w, D)
+        classes = [embeddings.class_embedding[None]] if kind == "clip_vision_model" else []
+        token = tape.leaf(torch.cat([*classes, patches]), "token")
+        position = embeddings.position_embedding.weight
+    h = tape.add(token, tape.leaf(position, "other"))
+    if kind == "clip_vision_model":
+        h = tape.layer_norm(h, tower.pre_layrnorm)
+    n, heads = tape.v(h).shape[0], model.config.num_attention_heads
+    allowed = torch.ones(n, n, dtype=torch.bool)
+    layers = tower.encoder.layer if kind == "dinov2" else tower.encoder.layers
+    for layer in layers:
+        dinov2 = kind == "dinov2"
+        att = layer.attention if dinov2 else layer.self_attn
+        a = tape.layer_norm(h, layer.norm1 if dinov2 else layer.layer_norm1)
+        q, k, v = (tape.linear(a, m.weight, m.bias) for m in (att.q_proj, att.k_proj, att.v_proj))
+        context = tape.attention(q, k, v, heads, heads, allowed, (model.config.hidden_size // heads) ** -0.5)
+        out = att.o_proj if dinov2 else att.out_proj
+        attention = tape.linear(context, out.weight, out.bias)
+        h = tape.add(h, tape.affine(attention, layer.layer_scale1.lambda1, None) if dinov2 else attention)
+        m = tape.layer_norm(h, layer.norm2 if dinov2 else layer.layer_norm2)
+        mlp = layer.mlp
+        inner = tape.identity(tape.linear(m, mlp.fc1.weight, mlp.fc1.bias), mlp.activation_fn)
+        inner = tape.linear(inner, mlp.fc2.weight, mlp.fc2.bias)
+        h = tape.add(h, tape.affine(inner, layer.layer_scale2.lambda1, None) if dinov2 else inner)
+    if kind == "dinov2":
+        pooled = tape.take(tape.layer_norm(h, model.layernorm), 0)
+    elif kind == "clip_vision_model":
+        pooled = tape.layer_norm(tape.take(h, 0), tower.post_layernorm)
+    else:
+        h = tape.layer_norm(h, tower.post_layernorm)
+        head = tower.head
+        attention = head.attention
+        weights, biases = attention.in_proj_weight.chunk(3), attention.in_proj_bias.chunk(3)
+        probe = tape.node(head.probe[0])  # a parameter: the relevance it receives stops there
+        q = tape.linear(probe, weights[0], biases[0])
+        k, v = (tape.linear(h, w, b) for w, b in zip(weights[1:], biases[1:]))
+        context = tape.attention(q, k, v, heads, heads, torch.ones(1, n, dtype=torch.bool), attention.head_dim**-0.5)
+        h = tape.linear(context, attention.out_proj.weight, attention.out_proj.bias)
+        m = tape.layer_norm(h, head.layernorm)
+        mlp = head.mlp
+        inner = tape.identity(tape.linear(m, mlp.fc1.weight, mlp.fc1.bias), mlp.activation_fn)
+        pooled = tape.take(tape.add(h, tape.linear(inner, mlp.fc2.weight, mlp.fc2.bias)), 0)
+    return tape, tape.take(pooled, feature)
+
+
+VISION_TOWERS = ("dinov2", "clip_vision_model", "siglip_vision_model")
 ENCODERS = {"bert": _bert, "roberta": _bert, "deberta-v2": _deberta, "mpnet": _mpnet}
-DECODERS = {"gpt2": _gpt2, "llama": _llama, "bloom": _bloom, "falcon": _falcon}
+DECODERS = {"gpt2": _gpt2, "llama": _llama, "bloom": _bloom, "falcon": _falcon, "gemma2": _gemma2}
 
 
 def attnlrp_reference(model, inputs, target, attention_mask=None, position=None):
@@ -456,6 +556,9 @@ def attnlrp_reference(model, inputs, target, attention_mask=None, position=None)
             if kind == "vit":
                 tape, logits = _vit(model64, inputs[b].double())
                 real = torch.arange(tape.v(0).shape[0])
+            elif kind in VISION_TOWERS:  # the pooled output's feature ``target``
+                tape, explained = _vision_tower(model64, inputs[b].double(), int(target[b]))
+                real = torch.arange(tape.v(0).shape[0])
             else:
                 real = torch.arange(inputs.shape[1]) if attention_mask is None else attention_mask[b].nonzero().flatten()
                 ids = inputs[b, real]
@@ -464,9 +567,10 @@ def attnlrp_reference(model, inputs, target, attention_mask=None, position=None)
                 else:
                     where = int((real == int(position[b])).nonzero())
                     tape, logits = DECODERS[kind](model64, ids, where)
-            explained = tape.take(logits, int(target[b]))
+            if kind not in VISION_TOWERS:
+                explained = tape.take(logits, int(target[b]))
             R = tape.relevance(explained)
-            width = tape.v(0).shape[0] if kind == "vit" else inputs.shape[1]
+            width = tape.v(0).shape[0] if kind == "vit" or kind in VISION_TOWERS else inputs.shape[1]
             row = torch.zeros(width, dtype=torch.float64)
             ledger = {name: 0.0 for name in LEDGER}
             for node, node_kind in enumerate(tape.kinds):

@@ -58,6 +58,7 @@ from captum_attnflow.capture.lrp_rules import (
     _function_activation_hooks,
     _GradientScale,
     _IdentityRule,
+    _multihead_attention_hooks,
     _output_activation_hooks,
     _rule_hooks,
 )
@@ -200,7 +201,8 @@ def _capped_attention(
         attention_mask = torch.ones(queries, keys, dtype=torch.bool, device=query.device).tril(keys - queries)
     if attention_mask is not None:
         capped = capped.masked_fill(~attention_mask, torch.finfo(capped.dtype).min)
-    probabilities = torch.softmax(capped, dim=-1, dtype=torch.float32).to(query.dtype)
+    # in float32 at least, as eager attention (a float64 model in float64: no row of padding turns NaN)
+    probabilities = torch.softmax(capped, dim=-1, dtype=torch.promote_types(capped.dtype, torch.float32)).to(query.dtype)
     return torch.matmul(probabilities, value).transpose(1, 2).contiguous()
 
 
@@ -211,6 +213,7 @@ def _rules(model: nn.Module, architecture: Architecture, blocks: list[nn.Module]
     handles += _embedding_hooks(model, architecture, run)
     handles += _function_activation_hooks(model, architecture)
     handles += _output_activation_hooks(model, architecture)
+    handles += _multihead_attention_hooks(model)
     token = _CURRENT.set(run)
     try:
         with relevance_rules(), contextlib.ExitStack() as stack:
@@ -256,10 +259,12 @@ def _own_attention_rules(architecture: Architecture, blocks: list[nn.Module], ru
 
 
 def _embedding_hooks(model: nn.Module, architecture: Architecture, run: LRPRun) -> list[Any]:
-    """Hooks making the first output of the token embeddings the run's leaf (vision transformers:
-    the embedded sequence, with its class tokens and patches as the tokens)."""
+    """Hooks making the first output of the token embeddings the run's leaf (vision transformers,
+    whose input embedding is their patch embedding: the embedded sequence, with its class tokens
+    and patches as the tokens, the patches the patch embedding's output, a convolution's
+    (B, D, h, w) flattened to (B, h w, D) as the embeddings flatten it)."""
     embedding = input_embeddings(model)
-    if not architecture.class_tokens:
+    if isinstance(embedding, nn.Embedding):
 
         def leaf(module: nn.Module, args: tuple, output: Tensor) -> Tensor | None:
             if run.embeddings is not None:
@@ -274,7 +279,7 @@ def _embedding_hooks(model: nn.Module, architecture: Architecture, run: LRPRun) 
     patches: list[Tensor] = []
 
     def keep_patches(module: nn.Module, args: tuple, output: Tensor) -> None:
-        patches.append(output.detach())
+        patches.append(output.detach().flatten(2).transpose(1, 2) if output.dim() == 4 else output.detach())
 
     def sequence_leaf(module: nn.Module, args: tuple, output: Tensor) -> Tensor | None:
         if run.embeddings is not None:
@@ -351,8 +356,8 @@ def attnlrp_forward(
 
     Raises:
         TypeError: ``forward_func`` holds no Hugging Face model.
-        ValueError: a model type outside the architecture table or whose rules are incomplete there,
-            or a model that ran no attention through transformers' interface.
+        ValueError: a model type outside the architecture table, a model whose config the rules
+            do not cover there, or a model that ran no attention.
     """
     module = owning_module(forward_func)
     model = main_model(forward_func)
@@ -362,12 +367,6 @@ def attnlrp_forward(
             "AttnLRP modifies the backward pass of the model's own layers."
         )
     architecture, blocks = architecture_of(forward_func, "AttnLRP")
-    if not architecture.lrp:
-        raise ValueError(
-            f"AttnLRP's rules do not cover the {model.config.model_type!r} models: a nonlinearity is a plain "
-            "function call no hook reaches, or the token embeddings are not a module's output (the row of "
-            "captum_attnflow.hf.architectures says which). Use a method of the registry without rules."
-        )
     refused = architecture.lrp_refused(model.config) if architecture.lrp_refused is not None else None
     if refused is not None:
         raise ValueError(

@@ -6,11 +6,15 @@ equations are in :mod:`captum_attnflow.capture.lrp`, which installs them for one
   (:class:`_NormRule`);
 * element-wise activations: the identity rule, gradient :math:`f(x)/x` (:class:`_IdentityRule`);
 * the two factors of a gated unit: the uniform rule, the multiplied factor's gradient halved
-  (:class:`_GradientScale`).
+  (:class:`_GradientScale`); the bilinear products of torch's own ``nn.MultiheadAttention``
+  (SigLIP's pooling head), through the gradients of its inputs;
+* an element-wise function between the model's last module and its logits (Gemma 2's final
+  soft-capping): the identity rule, through hooks on that module and the model.
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable
 
 import torch
@@ -173,6 +177,20 @@ def _output_activation_hooks(model: nn.Module, architecture: Architecture) -> li
         return output
 
     return [producer.register_forward_hook(keep), model.register_forward_hook(rule)]
+
+
+def _multihead_attention_hooks(model: nn.Module) -> list[Any]:
+    """The uniform rule on the bilinear products of each ``nn.MultiheadAttention`` (SigLIP's
+    pooling head): its query, key and value inputs' gradients scaled by 1/4, 1/4, 1/2, its
+    projections of them being linear (as the attention function does to the projected ones)."""
+
+    def rule(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        bound = inspect.signature(module.forward).bind(*args, **kwargs)
+        for name, factor in (("query", 0.25), ("key", 0.25), ("value", 0.5)):
+            bound.arguments[name] = _GradientScale.apply(bound.arguments[name], factor)
+        return bound.args, bound.kwargs
+
+    return [m.register_forward_pre_hook(rule, with_kwargs=True) for m in model.modules() if isinstance(m, nn.MultiheadAttention)]
 
 
 def _is_activation(module: nn.Module) -> bool:

@@ -98,7 +98,7 @@ def support_table() -> str:
         maps = _one(types, LEAN_MODEL_TYPES, "lean", "stored")
         gradients = _one(types, GRADIENT_MODEL_TYPES, "lean", "stored")
         internals = _one(types, ARCHITECTURES, "yes", "no")
-        rules = _one(types, {t for t in types if t in ARCHITECTURES and ARCHITECTURES[t].lrp}, "yes", "no")
+        rules = _one(types, ARCHITECTURES, "yes", "no")
         note = "" if rules == "yes" else _WITHOUT_INTERNALS.get(types[0], "")
         rows.append(f"| {family} | {', '.join(types)} | {maps} | {gradients} | {internals} | {rules} | {note} |\n")
     return _HEADER + "".join(rows)

@@ -89,22 +89,22 @@ class Architecture:
             called as a plain function between two modules, ``consumer(f(producer(...)))``:
             AttnLRP's identity rule reaches it through their hooks (RoBERTa's classification
             head: ``out_proj(tanh(dense(x)))``).
-        class_tokens: names of the learned token embeddings (parameters (1, 1, D)) that the
-            vision embeddings put before the patches, in order (ViT's ``cls_token``, DeiT's
-            ``cls_token`` and ``distillation_token``), on the module holding the patch embeddings.
-        lrp: whether AttnLRP runs on the family's models: its rules cover every nonlinearity
-            (norms and activations are modules or listed above, the gated product is listed)
-            and the token embeddings are a module's output.
+        class_tokens: names of the learned token embeddings (parameters (1, 1, D) or (D,)) that
+            the vision embeddings put before the patches, in order (ViT's ``cls_token``, DeiT's
+            ``cls_token`` and ``distillation_token``, CLIP's ``class_embedding``), on the module
+            holding the patch embeddings; those it lacks are skipped.
         lrp_refused: ``config -> reason or None``: why AttnLRP's rules do not cover a model of
             the family built with this config (a nonlinearity it calls as a plain function,
-            such as DeBERTa-v2's convolution layer), None where they do.
+            such as DeBERTa-v2's convolution layer), None where they do; elsewhere they cover
+            every nonlinearity (norms and activations are modules or listed above, the gated
+            product is listed) and the token embeddings are a module's output.
         own_attention: where a family whose attention runs in its own module, outside
             transformers' attention-function interface, keeps its probabilities, projections
             and score terms (:class:`~captum_attnflow.hf.own_attention.OwnAttention`); None for
             the families whose attention goes through that interface.
         residual: ``(block, x) -> r``, what the attention's output is added to where it is not
             the block's input x (BLOOM with ``apply_residual_connection_post_layernorm``: the
-            input norm's output), :math:`y = r + \mathrm{attention}`; ALTI reads it.
+            input norm's output), :math:`y = r + \\mathrm{attention}`; ALTI reads it.
     """
 
     blocks: tuple[str, ...]
@@ -113,7 +113,6 @@ class Architecture:
     after_attention: Callable[[nn.Module, Tensor, Tensor], Tensor]
     gated_unit: Callable[[nn.Module], tuple[nn.Module, nn.Module]] | None = None
     class_tokens: tuple[str, ...] = ()
-    lrp: bool = True
     fused_gate: bool = False
     held_constant: Callable[[nn.Module], tuple[nn.Module, ...]] | None = None
     gated_experts: Callable[[nn.Module], tuple[nn.Module, nn.Module] | None] | None = None
@@ -329,16 +328,18 @@ _OLMO2 = Architecture(
     ("Olmo2DecoderLayer",), lambda block: block.self_attn.o_proj, None, _olmo2_after,
     gated_unit=lambda block: (block.mlp.act_fn, block.mlp.up_proj), attention_norm=lambda block: block.post_attention_layernorm,
 )
-# DINOv2's layer scales; its patch convolution's output is flattened outside any module, as CLIP's.
+# DINOv2's layer scales, and its SwiGLU feed-forward where it has one (the giant model).
 _DINOV2 = Architecture(
     ("Dinov2Layer",), lambda block: block.attention.o_proj, None, _dinov2_after,
-    attention_norm=lambda block: block.layer_scale1, lrp=False,
+    attention_norm=lambda block: block.layer_scale1, class_tokens=("cls_token",),
+    gated_unit=lambda block: (block.mlp.act_fn, block.mlp.up_proj) if hasattr(block.mlp, "up_proj") else None,
 )
 
-# CLIP's and SigLIP's towers. AttnLRP reads a vision tower's tokens from the module that embeds
-# its patches; theirs is a convolution whose (B, D, h, w) output is flattened outside any module.
-_CLIP_TEXT = Architecture(("CLIPEncoderLayer", "SiglipEncoderLayer"), lambda block: block.self_attn.out_proj, None, _clip_after)
-_CLIP_VISION = dataclasses.replace(_CLIP_TEXT, lrp=False)
+# CLIP's and SigLIP's towers (the vision towers' class embedding, (D,), CLIP's only).
+_CLIP = Architecture(
+    ("CLIPEncoderLayer", "SiglipEncoderLayer"), lambda block: block.self_attn.out_proj, None, _clip_after,
+    class_tokens=("class_embedding",),
+)
 
 ARCHITECTURES: dict[str, Architecture] = {
     "bert": _BERT,
@@ -370,10 +371,10 @@ ARCHITECTURES: dict[str, Architecture] = {
     "gemma3_text": _GEMMA,
     "dinov2": _DINOV2,
     "vit": _VIT,
-    "clip_text_model": _CLIP_TEXT,
-    "clip_vision_model": _CLIP_VISION,
-    "siglip_text_model": _CLIP_TEXT,
-    "siglip_vision_model": _CLIP_VISION,
+    "clip_text_model": _CLIP,
+    "clip_vision_model": _CLIP,
+    "siglip_text_model": _CLIP,
+    "siglip_vision_model": _CLIP,
     "deit": _VIT,
 }
 
