@@ -58,7 +58,17 @@ class OwnAttention:
 def qkv_factors(own: OwnAttention, block: nn.Module, factors: tuple[float, float, float]) -> list[Tensor]:
     """Per projection of ``block``, (C,) the factor of each output channel: ``factors[0]`` on
     the channels :attr:`OwnAttention.split` reads as queries, ``factors[1]`` keys, ``factors[2]``
-    values (1 on any other), found by splitting the channels' own indices."""
+    values (1 on any other), found by splitting the channels' own indices.
+
+    Example::
+
+        >>> import transformers
+        >>> from captum_attnflow.hf.own_attention import BLOOM, qkv_factors
+        >>> model = transformers.BloomModel(transformers.BloomConfig(hidden_size=8, n_head=2, n_layer=1))
+        >>> (factors,) = qkv_factors(BLOOM, model.h[0], (0.25, 0.25, 0.5))  # one fused projection
+        >>> factors.view(2, 3, 4)[:, :, 0].tolist()  # per head (H, 3, d): its query, key, value channels
+        [[0.25, 0.25, 0.5], [0.25, 0.25, 0.5]]
+    """
     projections = own.projections(block)
     sizes = [projection.out_features for projection in projections]
     starts = [sum(sizes[:index]) for index in range(len(sizes))]
@@ -134,15 +144,19 @@ def _falcon_terms(block: nn.Module, leaf: Callable[[Tensor], Tensor]) -> Iterato
 
 
 def mpnet_after(block: nn.Module, x: Tensor, attention: Tensor) -> Tensor:
+    """MPNet's block after its attention's output: BERT's, other names (the table's ``after_attention``)."""
     hidden = block.attention.LayerNorm(attention + x)
     return block.output(block.intermediate(hidden), hidden)
 
 
 def bloom_residual(block: nn.Module, x: Tensor) -> Tensor:
+    """What BLOOM adds its attention's output to: the block's input, or with
+    ``apply_residual_connection_post_layernorm`` the input norm's output (the table's ``residual``)."""
     return block.input_layernorm(x) if block.apply_residual_connection_post_layernorm else x
 
 
 def bloom_after(block: nn.Module, x: Tensor, attention: Tensor) -> Tensor:
+    """BLOOM's block after its attention's output (the table's ``after_attention``)."""
     hidden = bloom_residual(block, x) + attention
     normed = block.post_attention_layernorm(hidden)
     # the feed-forward adds its residual itself
@@ -150,6 +164,8 @@ def bloom_after(block: nn.Module, x: Tensor, attention: Tensor) -> Tensor:
 
 
 def falcon_after(block: nn.Module, x: Tensor, attention: Tensor) -> Tensor:
+    """Falcon's block after its attention's output, its feed-forward beside the attention (on the
+    block's input) or after it (the table's ``after_attention``)."""
     config = block.config
     if hasattr(block, "ln_mlp"):  # two norms in parallel: the feed-forward reads the block's input
         return x + attention + block.mlp(block.ln_mlp(x))
@@ -174,6 +190,7 @@ def deberta_head(model: nn.Module) -> list[tuple[nn.Module, nn.Module, Callable[
 
 
 def deberta_refused(config: Any) -> str | None:
+    """Why AttnLRP's rules do not cover a DeBERTa-v2 model of ``config``, or None (the table's ``lrp_refused``)."""
     if getattr(config, "conv_kernel_size", 0) > 0:
         return "its convolution layer after the first block calls its activation as a plain function"
     return None
