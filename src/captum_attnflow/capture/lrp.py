@@ -185,8 +185,8 @@ def _attnlrp_attention(
 
 
 def _capped_attention(
-    module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
-    scaling: float | None = None, softcap: float = 1.0, **kwargs: Any,
+    module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None, softcap: float,
+    scaling: float | None = None, **kwargs: Any,
 ) -> Tensor:
     """(B, n, H, d) the output of an attention call whose scores are soft-capped,
     :math:`c \\tanh(q k^\\top s / c) + M` (Gemma 2), as the family's eager attention computes it,
@@ -238,8 +238,8 @@ def _own_attention_rules(architecture: Architecture, blocks: list[nn.Module], ru
         if not isinstance(term, Tensor):
             return term
         run.score_terms.append(term.detach().requires_grad_())
-        # The probabilities take half of A v's relevance (the uniform rule): so do the scores,
-        # the queries and keys in their 1/4 = 1/2 · 1/2, a score term here.
+        # The probabilities take half of A v's relevance (the uniform rule), and with them the
+        # scores: the queries and keys carry that half in their 1/4 = 1/2 · 1/2, a score term here.
         return _GradientScale.apply(run.score_terms[-1], 0.5)
 
     def scaled(factor: Tensor) -> Callable[[nn.Module, tuple, Tensor], Tensor]:
