@@ -12,9 +12,16 @@ import transformers
 from families import family_config, family_inputs
 from helpers import model_state
 from lrp_reference import attnlrp_reference
-from references import alti_reference, attention_norm_reference, value_zeroing_reference
+from references import (
+    alti_reference,
+    attention_norm_reference,
+    float64_copy,
+    recomputed_forward,
+    value_zeroing_reference,
+)
 
 from captum_attnflow import ALTI, AttnLRP
+from captum_attnflow.capture import extract_attentions
 from captum_attnflow.capture.decomposition import alti_maps, attention_norm_maps, value_zeroing_maps
 from captum_attnflow.capture.internals import capture_internals
 from captum_attnflow.hf.architectures import ARCHITECTURES
@@ -87,7 +94,8 @@ def test_bloom_residual_after_the_input_norm():
 
 def test_falcon_runs_as_loaded():
     """Falcon's eager attention adds ALiBi twice (its argument and the mask the model builds),
-    sdpa once: the methods' run is the model's as loaded (sdpa), whose logits it returns."""
+    sdpa once: the methods' run is the model's as loaded (sdpa), whose logits it returns, and the
+    maps raw attention reads are the reference's (ALiBi once)."""
     model = _model("falcon")
     ids, mask = family_inputs("right", n=7)
     with torch.no_grad():
@@ -97,6 +105,10 @@ def test_falcon_runs_as_loaded():
                                   own=ARCHITECTURES["falcon"].own_attention)
     assert len(internals.probabilities) == 2
     torch.testing.assert_close(internals.output.logits * mask[..., None], expected * mask[..., None], atol=1e-5, rtol=0)
+    _, records, real = recomputed_forward(float64_copy(model), ids, mask)
+    pairs = (real[:, :, None] & real[:, None, :])[:, None]
+    for stored, record in zip(extract_attentions(model, ids, attention_mask=mask), records):
+        torch.testing.assert_close(stored * pairs, record["A"].float() * pairs, atol=1e-5, rtol=0)
 
 
 def test_padding_on_either_side_gives_the_same_scores():

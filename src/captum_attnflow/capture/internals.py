@@ -39,6 +39,7 @@ from transformers.masking_utils import eager_mask, sdpa_mask
 from captum_attnflow.capture.lean import captured_scores, own_attention
 from captum_attnflow.capture.lean_blocks import AttentionScores
 from captum_attnflow.capture.maps import attentions_of, in_run_order, maps_in_order, real_tokens_first_call
+from captum_attnflow.hf.architectures import scores_as_loaded
 from captum_attnflow.hf.inputs import as_tuple, check_mask_not_in_args, mask_keyword
 from captum_attnflow.hf.models import check_device, hf_models, outermost, owning_module
 from captum_attnflow.hf.own_attention import OwnAttention
@@ -233,11 +234,12 @@ def _returned_attentions(module: nn.Module, call: Callable[[], Any]) -> tuple[An
 
 @contextlib.contextmanager
 def _attentions_returned(module: nn.Module) -> Iterator[None]:
-    """The Hugging Face models in ``module`` run eager attention and, the outermost ones, with
+    """The Hugging Face models in ``module`` run eager attention, their scores as loaded
+    (:func:`~captum_attnflow.hf.architectures.scores_as_loaded`), and, the outermost ones, with
     ``output_attentions`` set, for the block; restored on exit."""
     targets = outermost(hf_models(module))
     saved = [model.config.output_attentions for model in targets]
-    with eager_attention(module):
+    with eager_attention(module), scores_as_loaded(module):
         try:
             for model in targets:
                 model.config.output_attentions = True
@@ -253,8 +255,7 @@ def _own_attention_recording(
 ) -> Iterator[None]:
     """Each of ``blocks`` keeps, as its attention module returns them, its probabilities, its
     values (split from its projections' outputs, grouped-query heads repeated) and that module,
-    the model running as :func:`_attentions_returned` says, in the context of its score terms
-    (:attr:`~captum_attnflow.hf.own_attention.OwnAttention.score_terms`)."""
+    the model running as :func:`_attentions_returned` says."""
 
     def recorder(block: nn.Module) -> list[Any]:
         outputs: dict[int, Tensor] = {}  # each projection's first output of the call (DeBERTa's run twice)
@@ -280,11 +281,9 @@ def _own_attention_recording(
             own.module(block).register_forward_hook(record)
         ]
 
-    with _attentions_returned(module), contextlib.ExitStack() as stack:
+    with _attentions_returned(module):
         handles = [handle for block in dict.fromkeys(blocks) for handle in recorder(block)]
         try:
-            for block in dict.fromkeys(blocks):  # the scores as the model computes them (Falcon's ALiBi once)
-                stack.enter_context(own.score_terms(block, lambda term: term))
             yield
         finally:
             for handle in handles:

@@ -17,15 +17,16 @@ and score terms are (:mod:`captum_attnflow.hf.own_attention`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import Tensor, nn
 from transformers.pytorch_utils import Conv1D
 
-from captum_attnflow.hf.models import main_model
+from captum_attnflow.hf.models import hf_models, main_model, outermost
 from captum_attnflow.hf.own_attention import (
     BLOOM,
     DEBERTA,
@@ -418,6 +419,21 @@ def architecture_of(forward_func: object, method: str) -> tuple[Architecture, li
     if not blocks:
         raise ValueError(f"found no transformer blocks ({', '.join(architecture.blocks)}) in the {model_type!r} model.")
     return architecture, blocks
+
+
+@contextlib.contextmanager
+def scores_as_loaded(module: nn.Module) -> Iterator[None]:
+    """Context manager: the Hugging Face models in ``module`` whose attention runs in their own
+    modules compute, in eager attention, the scores they compute as loaded (Falcon's eager path
+    adds ALiBi twice, sdpa once: :class:`~captum_attnflow.hf.own_attention.OwnAttention`'s
+    ``score_terms``, with no leaf); the others as they are."""
+    with contextlib.ExitStack() as stack:
+        for model in outermost(hf_models(module)):
+            architecture = ARCHITECTURES.get(getattr(model.config, "model_type", None))
+            if architecture is not None and architecture.own_attention is not None:
+                for block in [m for m in model.modules() if type(m).__name__ in architecture.blocks]:
+                    stack.enter_context(architecture.own_attention.score_terms(block, lambda term: term))
+        yield
 
 
 def projection_weight(projection: nn.Module) -> tuple[Tensor, Tensor | None]:
