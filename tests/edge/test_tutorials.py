@@ -21,6 +21,7 @@ NOTEBOOKS = [
     "05_generation.ipynb",
     "06_adversarial_attention.ipynb",
     "07_which_explanation_to_trust.ipynb",
+    "08_which_document.ipynb",
 ]
 
 

@@ -9,10 +9,10 @@ attention methods through :class:`~captum_attnflow.LLMAttentionAttribution` (a s
 the sum of its tokens'), Captum's leave-one-out, AttnTrace, ContextCite where its package is
 installed, and the random floor (:mod:`captum_attnflow.benchmark.context_methods`).
 
-The bundled task runs the retrieval model on its held-out prompts
-(:func:`~captum_attnflow.load_retrieval_model`, :func:`~captum_attnflow.data.retrieval_examples`),
-whose gold source is the fact that holds the answer; :func:`context_examples` turns rows of the
-user's own file (context, question, answer, optional gold) into examples of the same form.
+The bundled task runs the agreement language model on held-out sentences, each word a source and
+the subject the gold source of the verb's number (:func:`load_context_task`);
+:func:`context_examples` turns rows of the user's own file (context, question, answer, optional
+gold) into examples of the same form.
 """
 
 from __future__ import annotations
@@ -35,8 +35,6 @@ from captum_attnflow.evaluate.context import CONTEXTCITE_KS
 from captum_attnflow.methods import METHODS, generated_text_methods
 
 CONTEXT = "context"
-# The sources of the bundled task's prompts: as many as the issue's speed goals use at most.
-SOURCES = (8, 32)
 # Random ablations per example of LDS, shared by every row.
 ABLATIONS = 32
 FLOOR = "random"
@@ -128,17 +126,22 @@ def run_context_task(
     return notes
 
 
-def load_context_task(
-    examples: int, seed: int, sources: int | tuple[int, int] = SOURCES, **placement: Any
-) -> tuple[nn.Module, Any, list[ContextExample]]:
-    """The bundled task: the retrieval model (where ``placement`` says) and ``examples`` held-out
-    prompts of ``sources`` sources drawn with ``seed``, each explained on its gold answer."""
-    from captum_attnflow.data import retrieval_examples
-    from captum_attnflow.models import load_retrieval_model
+def load_context_task(examples: int, seed: int, **placement: Any) -> tuple[nn.Module, Any, list[ContextExample]]:
+    """The bundled task: the agreement language model (where ``placement`` says) on ``examples``
+    held-out sentences with at least one attractor, each word a source, the correct copula
+    (``is``/``are``) explained, its gold source the subject: the one word whose number decides it,
+    beside attractors of the other number that share the sentence."""
+    from captum_attnflow.data import generate_examples
+    from captum_attnflow.models import load_agreement_lm
+    from captum_attnflow.models.language_model import COPULAS
 
-    model, tokenizer = load_retrieval_model(**placement)
-    drawn = retrieval_examples(examples, sources=sources, seed=10_000 + seed)  # not the training seeds
-    return model, tokenizer, [ContextExample(example.prompt, example.answer, example.gold) for example in drawn]
+    model, tokenizer = load_agreement_lm(**placement)
+    drawn = [e for e in generate_examples(4 * examples, seed=seed, split="test") if e.num_attractors][:examples]
+    return model, tokenizer, [
+        ContextExample(TextTemplateInput(" ".join(["{}"] * len(e.words)), values=list(e.words)), " " + COPULAS[e.label],
+                       e.subject_index)
+        for e in drawn
+    ]
 
 
 def context_examples(

@@ -47,7 +47,7 @@ def run_benchmark(
 
     Args:
         tasks: names of :data:`~captum_attnflow.benchmark.tasks.TASKS`, and ``"context"``
-            (:mod:`captum_attnflow.benchmark.context`: which source of a prompt the retrieval
+            (:mod:`captum_attnflow.benchmark.context`: which source of a prompt a language
             model's answer came from).
         methods: names of :data:`~captum_attnflow.methods.METHODS` and
             :data:`~captum_attnflow.methods.EXTRA_METHODS`, ``"random"``, and the context task's

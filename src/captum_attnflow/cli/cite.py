@@ -15,7 +15,7 @@ from captum_attnflow.cli import _options as options
 HELP = "which source of a context did a language model's answer come from"
 DESCRIPTION = (
     "Split the context of FILE into sources (sentences, paragraphs or lines), ask the QUESTION after it, let the "
-    "bundled retrieval model or a Hugging Face causal LM (a directory, or a name in the local cache) answer "
+    "bundled agreement language model or a Hugging Face causal LM (a directory, or a name in the local cache) answer "
     "greedily, and print the sources ranked by how much the answer drew on each: the sum of its tokens' scores."
 )
 # How much of each source the ranked list prints.
@@ -27,13 +27,13 @@ def add_arguments(cite: argparse.ArgumentParser) -> None:
     cite.add_argument("--context", type=Path, required=True, metavar="FILE", help="a text file holding the context")
     cite.add_argument("--question", required=True, help='the question asked after the context, e.g. "Who wrote it?"')
     cite.add_argument("--by", choices=("sentence", "paragraph", "line"), default=None,
-                      help="what a source is (default: line for the bundled model, whose facts are lines; else sentence)")
+                      help="what a source is (default: sentence)")
     cite.add_argument("--method", choices=(*choices.ATTENTION_METHODS, "attnlrp"), default="rollout",
                       help="attribution method (default: rollout)")
     cite.add_argument("--answer", help="explain this answer instead of generating one")
     cite.add_argument("--max-new-tokens", type=common.positive, default=16, help="longest answer (default: 16)")
     cite.add_argument("--top", type=common.positive, default=None, metavar="K", help="print the K best sources only")
-    options.add_model(cite, "a Hugging Face causal LM instead of the bundled retrieval model")
+    options.add_model(cite, "a Hugging Face causal LM instead of the bundled agreement language model")
     options.add_placement(cite)
     options.add_html(cite, "also write a self-contained HTML view, the sources shaded by their scores")
 
@@ -56,16 +56,15 @@ def run(args: argparse.Namespace) -> int:
 
 def _prompt(args: argparse.Namespace, context: str) -> tuple[Any, Any, Any]:
     """The model, its tokenizer and the question's ``TextTemplateInput``
-    (:func:`~captum_attnflow.context_prompt`): for the bundled retrieval model in the form it was
-    trained on, the sources one a line, then ``Question: ...`` and ``Answer:``."""
+    (:func:`~captum_attnflow.context_prompt`); the bundled agreement language model reads the
+    context and the question as one sentence to continue."""
     from captum_attnflow.data.sources import context_prompt
 
     if args.model is None:
-        from captum_attnflow.data.retrieval import TEMPLATE_TAIL
-        from captum_attnflow.models import load_retrieval_model
+        from captum_attnflow.models import load_agreement_lm
 
-        model, tokenizer = load_retrieval_model(**common.placement(args))
-        return model, tokenizer, context_prompt(context, args.question, by=args.by or "line", template="{context}\n" + TEMPLATE_TAIL)
+        model, tokenizer = load_agreement_lm(**common.placement(args))
+        return model, tokenizer, context_prompt(context, args.question, by=args.by or "sentence", template="{context} {question}")
     from captum_attnflow.cli.generate import _load_language_model
 
     model, tokenizer = _load_language_model(args.model, common.placement(args))
