@@ -185,12 +185,13 @@ def capture_internals(
     module, call, order, _ = prepared_call(forward_func, inputs, additional_forward_args, attention_mask)
     internals = Internals(order=order)
     if lean:
-        internals.implementation = outermost(hf_models(module))[0].config._attn_implementation
         register_attention(_LEAN_NAME, _lean_internals_attention, sdpa_mask)  # the masks sdpa gets: bool, or None
     else:
         register_attention(_NAME, _internals_attention, eager_mask)  # the additive masks eager attention gets
     name = _LEAN_NAME if lean else _NAME
-    with unchanged(module), _recording(module, internals, blocks or [], after_block), implementation(module, name):
+    with unchanged(module), _recording(module, internals, blocks or [], after_block), implementation(module, name) as own:
+        if lean:
+            internals.implementation = own(outermost(hf_models(module))[0])
         with torch.set_grad_enabled(gradients):
             internals.output = call()
     if not internals.probabilities and gradients and not blocks:

@@ -300,9 +300,9 @@ def attnlrp_forward(
     run.kept = kept_logits(forward_func, None if positions is None else run.run_positions(positions))
     if run.kept is not None:
         kwargs["logits_to_keep"] = run.kept
-    run.attention = ALL_ATTENTION_FUNCTIONS.get(model.config._attn_implementation, sdpa_attention_forward)
     register_attention(_NAME, _attnlrp_attention, sdpa_mask)  # the masks sdpa gets: bool, or None to skip
-    with unchanged(module), _rules(model, architecture, blocks, run), implementation(module, _NAME):
+    with unchanged(module), _rules(model, architecture, blocks, run), implementation(module, _NAME) as own:
+        run.attention = ALL_ATTENTION_FUNCTIONS.get(own(model), sdpa_attention_forward)
         handles = _share_hooks(model, run, inputs.shape[0]) if shares else []
         try:
             with torch.enable_grad():

@@ -86,26 +86,33 @@ def register_attention(name: str, function: Callable[..., Any], mask_function: C
 
 
 @contextlib.contextmanager
-def implementation(module: nn.Module, name: str, keep: frozenset[str] = frozenset()) -> Iterator[None]:
+def implementation(
+    module: nn.Module, name: str, keep: frozenset[str] = frozenset()
+) -> Iterator[Callable[[nn.Module], str]]:
     """Every Hugging Face model inside ``module`` uses the attention implementation ``name``
     (a built-in one or one registered with ``transformers.AttentionInterface``) for the block,
-    except configs whose implementation is in ``keep``.
+    except configs whose implementation is in ``keep``; the model is locked against other
+    threads for the block (:func:`exclusive`).
 
     Written into every config and sub-config (models read ``config._attn_implementation`` at
     each forward) and restored to each one's own value on exit, also when the block raises.
+    Yields ``own(model)``: the implementation a Hugging Face model inside ``module`` had on
+    entry, the one an attention function registered under ``name`` delegates to. Read anywhere
+    else, a model's config may hold another thread's function (whose own delegates back to it).
     """
     with exclusive(module):
         # Read under the lock: another thread's call may have switched the model a moment ago.
         found = configs(hf_models(module))
-        saved = {key: config._attn_implementation_internal for key, config in found.items()}
+        saved = {key: config._attn_implementation for key, config in found.items()}
+        internal = {key: config._attn_implementation_internal for key, config in found.items()}
         try:
             for config in found.values():
                 if config._attn_implementation_internal not in keep:
                     config._attn_implementation_internal = name
-            yield
+            yield lambda model: saved[id(model.config)]
         finally:
             for key, config in found.items():
-                config._attn_implementation_internal = saved[key]
+                config._attn_implementation_internal = internal[key]
 
 
 _HOOK_DICTS = (
