@@ -196,13 +196,14 @@ def capture_internals(
     if own is not None:
         attention = _own_attention_recording(module, own, internals, blocks or [])
     elif lean:
-        internals.implementation = outermost(hf_models(module))[0].config._attn_implementation
         register_attention(_LEAN_NAME, _lean_internals_attention, sdpa_mask)  # the masks sdpa gets: bool, or None
         attention = implementation(module, _LEAN_NAME)
     else:
         register_attention(_NAME, _internals_attention, eager_mask)  # the additive masks eager attention gets
         attention = implementation(module, _NAME)
-    with unchanged(module), _recording(module, internals, blocks or [], after_block), attention:
+    with unchanged(module), _recording(module, internals, blocks or [], after_block), attention as entered:
+        if lean and own is None:  # read under the model's lock: the implementation the lean attention delegates to
+            internals.implementation = entered(outermost(hf_models(module))[0])
         with torch.set_grad_enabled(gradients):
             internals.output = call()
     if not internals.probabilities and gradients and not blocks:

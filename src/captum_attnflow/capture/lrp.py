@@ -387,13 +387,14 @@ def attnlrp_forward(
     run.kept = kept_logits(forward_func, None if positions is None else run.run_positions(positions))
     if run.kept is not None:
         kwargs["logits_to_keep"] = run.kept
-    run.attention = ALL_ATTENTION_FUNCTIONS.get(model.config._attn_implementation, sdpa_attention_forward)
     if architecture.own_attention is not None:  # its attention reads the additive masks eager attention gets
         attention = eager_attention(module)
     else:
         register_attention(_NAME, _attnlrp_attention, sdpa_mask)  # the masks sdpa gets: bool, or None to skip
         attention = implementation(module, _NAME)
-    with unchanged(module), attention, _rules(model, architecture, blocks, run):
+    with unchanged(module), attention as entered, _rules(model, architecture, blocks, run):
+        # Read under the model's lock: the implementation the attention rules delegate to.
+        run.attention = ALL_ATTENTION_FUNCTIONS.get(entered(model), sdpa_attention_forward)
         handles = _share_hooks(model, architecture, run, inputs.shape[0]) if shares else []
         try:
             with torch.enable_grad():
