@@ -120,8 +120,7 @@ def test_every_family_gives_the_same_scores(model_type):
     model = make_family_model(model_type)
     # Decoders padded on the left; an encoder on the right, where its default position, 0 (CLS), is a real token.
     ids, mask = family_inputs("left" if model_type in DECODERS else "right")
-    methods = (GradientWeightedRollout, AttnLRP) if model_type != "gemma2" else (GradientWeightedRollout,)  # no rules
-    for method in methods:
+    for method in (GradientWeightedRollout, AttnLRP):
         expected = method(model, recompute=False).attribute(ids, attention_mask=mask, target=1)
         ours = method(model, recompute=True).attribute(ids, attention_mask=mask, target=1)
         torch.testing.assert_close(ours, expected, atol=1e-6, rtol=0)

@@ -14,7 +14,7 @@ from captum_attnflow.saving import load_result, save_result
 from captum_attnflow.words import groups_from_tokens, groups_with_tokenizer, reduce_groups, spell
 
 _KIND = "LLMAttentionAttributionResult"
-_TENSORS = ("seq_attr", "token_attr", "output_attr", "sink_attr", "decoder_start_attr")
+_TENSORS = ("seq_attr", "token_attr", "output_attr", "sink_attr", "decoder_start_attr", "template_attr")
 
 
 class LLMAttentionAttributionResult(LLMAttributionResult):
@@ -31,12 +31,21 @@ class LLMAttentionAttributionResult(LLMAttributionResult):
             the tokenizer adds none), also when ``drop_sink=True`` leaves it out of ``token_attr``.
         decoder_start_attr: (n_out,) for an encoder-decoder, the score of the decoder's start
             token; None for a decoder-only model.
+        template_attr: (n_out,) for a ``TextTemplateInput``, the score of the prompt tokens in no
+            source (the template's own text, special tokens, a chat template's text; the first
+            token with ``drop_sink=True``); None for a prompt of tokens. Summed with the sources
+            (each mask group once) it gives the prompt's whole score.
         method: the attention method's class name ("AttentionRollout").
         model_name: the model's ``config.name_or_path``.
 
+    For a ``TextTemplateInput`` the columns are its sources, as Captum's ``LLMAttribution`` gives
+    them: ``input_tokens`` its values, ``token_attr`` (n_out, F) and ``seq_attr`` (F,) a score per
+    value (the values of one mask group share the group's).
+
     A result is viewed as HTML (:meth:`to_html`, ``_repr_html_`` in a notebook: rows the
-    output tokens, columns the prompt tokens), merged into words (:meth:`aggregate_words`,
-    both axes) and saved and loaded (:meth:`save`, :meth:`load`; no pickle).
+    output tokens, columns the prompt tokens or sources), merged into words
+    (:meth:`aggregate_words`, both axes; the output alone for sources) and saved and loaded (:meth:`save`,
+    :meth:`load`; no pickle).
 
     Example::
 
@@ -65,6 +74,7 @@ class LLMAttentionAttributionResult(LLMAttributionResult):
         output_attr: Tensor,
         sink_attr: Tensor,
         decoder_start_attr: Tensor | None = None,
+        template_attr: Tensor | None = None,
         inp: Any = None,
         method: str = "",
         model_name: str = "",
@@ -75,6 +85,7 @@ class LLMAttentionAttributionResult(LLMAttributionResult):
         self.output_attr = output_attr
         self.sink_attr = sink_attr
         self.decoder_start_attr = decoder_start_attr
+        self.template_attr = template_attr
         self.method = method
         self.model_name = model_name
 
@@ -90,7 +101,8 @@ class LLMAttentionAttributionResult(LLMAttributionResult):
 
         rows = [f"{t + 1}: {token}" for t, token in enumerate(self.output_tokens)]
         name = " ".join(part for part in (self.method, self.model_name) if part)
-        section = Section(name, rows, self.input_tokens, self.token_attr.detach().float().cpu().numpy(), "score of the prompt token")
+        unit = "score of the prompt token" if self.template_attr is None else "score of the source"
+        section = Section(name, rows, self.input_tokens, self.token_attr.detach().float().cpu().numpy(), unit)
         page = attribution_html(
             [section], title=title or "prompt: " + " ".join(self.input_tokens),
             prediction="output: " + " ".join(self.output_tokens), full_page=path is not None,
@@ -107,27 +119,36 @@ class LLMAttentionAttributionResult(LLMAttributionResult):
 
         Columns (prompt pieces) and rows (output pieces) of ``token_attr`` and ``output_attr``
         are reduced over each word by ``reduce`` (``"sum"``, ``"max"`` or ``"mean"``, as
-        :func:`~captum_attnflow.words.aggregate_words`); ``sink_attr`` and
-        ``decoder_start_attr`` over the output words; ``seq_attr`` is the mean of the new rows,
+        :func:`~captum_attnflow.words.aggregate_words`); ``sink_attr``, ``decoder_start_attr``
+        and ``template_attr`` over the output words; ``seq_attr`` is the mean of the new rows,
         as before. Words come from ``tokenizer`` (the text encoded again, its word ids used
         when it gives back the same pieces), else from the pieces' markers (``##``, ``Ġ``,
-        ``▁``); special tokens stay apart.
+        ``▁``); special tokens stay apart. When the columns are sources (a
+        ``TextTemplateInput``), they stay as they are and only the output is merged.
         """
+        sources = self.template_attr is not None
         if tokenizer is not None:
-            prompt, output = groups_with_tokenizer(self.input_tokens, tokenizer), groups_with_tokenizer(self.output_tokens, tokenizer)
+            output = groups_with_tokenizer(self.output_tokens, tokenizer)
+            prompt = None if sources else groups_with_tokenizer(self.input_tokens, tokenizer)
             special = getattr(tokenizer, "all_special_tokens", [])
         else:
-            special = [token for token in self.input_tokens[:1] if token.startswith(("<", "["))]
-            prompt, output = groups_from_tokens(self.input_tokens, special), groups_from_tokens(self.output_tokens, special)
-        token_attr = reduce_groups(reduce_groups(self.token_attr, prompt, reduce, -1), output, reduce, 0)
+            # the prompt's first token, when special (BOS); a source's text is not a token
+            special = [] if sources else [token for token in self.input_tokens[:1] if token.startswith(("<", "["))]
+            output = groups_from_tokens(self.output_tokens, special)
+            prompt = None if sources else groups_from_tokens(self.input_tokens, special)
+        columns = self.token_attr if prompt is None else reduce_groups(self.token_attr, prompt, reduce, -1)
+        token_attr = reduce_groups(columns, output, reduce, 0)
+        optional = {
+            name: None if getattr(self, name) is None else reduce_groups(getattr(self, name), output, reduce, 0)
+            for name in ("decoder_start_attr", "template_attr")
+        }
         return LLMAttentionAttributionResult(
-            input_tokens=_words(self.input_tokens, prompt, tokenizer, special),
+            input_tokens=list(self.input_tokens) if prompt is None else _words(self.input_tokens, prompt, tokenizer, special),
             output_tokens=_words(self.output_tokens, output, tokenizer, special),
             seq_attr=token_attr.mean(0), token_attr=token_attr,
             output_attr=reduce_groups(reduce_groups(self.output_attr, output, reduce, -1), output, reduce, 0),
             sink_attr=reduce_groups(self.sink_attr, output, reduce, 0),
-            decoder_start_attr=None if self.decoder_start_attr is None else reduce_groups(self.decoder_start_attr, output, reduce, 0),
-            inp=self.inp, method=self.method, model_name=self.model_name,
+            **optional, inp=self.inp, method=self.method, model_name=self.model_name,
         )
 
     def save(self, path: str | Path, compress: bool = False) -> list[Path]:
@@ -144,7 +165,7 @@ class LLMAttentionAttributionResult(LLMAttributionResult):
         """Read a result written by :meth:`save`.
 
         Raises:
-            ValueError: not such a file, or one of a newer format version.
+            ValueError: not such a file (a damaged one included), or one of a newer format version.
         """
         fields, arrays = load_result(path, _KIND)
         tensors = {name: torch.from_numpy(arrays[name]) if name in arrays else None for name in _TENSORS}

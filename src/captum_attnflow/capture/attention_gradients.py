@@ -329,23 +329,20 @@ def attention_gradients_run(
     capture = AttentionGradients(order=order, mask=mask, device=inputs.device, recompute=recompute)
     register_attention(_NAME, _gradient_attention, sdpa_mask)  # the masks sdpa gets: bool, or None to skip
     recomputed = layerwise_recomputation(recomputed_blocks(forward_func)) if recompute else contextlib.nullcontext()
-    with unchanged(module), recomputed:
-        saved = {id(m): m.config._attn_implementation for m in hf_models(module)}
+    with unchanged(module), implementation(module, _NAME) as own, recomputed:
         for model in hf_models(module):  # parents first: an inner model's own implementation wins
             for submodule in model.modules():
-                _CAPTURES[submodule] = (capture, saved[id(model)])
+                _CAPTURES[submodule] = (capture, own(model))
         try:
-            with implementation(module, _NAME):
-                with torch.enable_grad():
-                    capture.output = call() if kept is None else call(logits_to_keep=kept)
-                capture.kept = kept_in(capture.output, kept)
-                if not capture.calls and not capture.refused:
-                    raise ValueError(
-                        f"{type(module).__name__} ran no attention through transformers' attention-function "
-                        "interface; this method needs a model that does (BERT, GPT-2, Llama, ViT, BART, ... in "
-                        "transformers 5)."
-                    )
-                yield capture
+            with torch.enable_grad():
+                capture.output = call() if kept is None else call(logits_to_keep=kept)
+            capture.kept = kept_in(capture.output, kept)
+            if not capture.calls and not capture.refused:
+                raise ValueError(
+                    f"{type(module).__name__} ran no attention through transformers' attention-function interface; "
+                    "this method needs a model that does (BERT, GPT-2, Llama, ViT, BART, ... in transformers 5)."
+                )
+            yield capture
         finally:
             for submodule in list(module.modules()):
                 _CAPTURES.pop(submodule, None)

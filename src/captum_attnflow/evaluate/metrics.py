@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -56,6 +57,9 @@ METRICS: dict[str, Metric] = {
     "positive-perturbation": Metric(perturbation_auc, False, ("pixel_values",), _on_pixels),
     "negative-perturbation": Metric(perturbation_auc, True, ("pixel_values",), _on_pixels),
 }
+# The context attribution metrics by name (captum_attnflow.evaluate.context: per example, from
+# ablations of a prompt's sources, not the Evaluator's batches) and their direction; k a number of sources.
+CONTEXT_METRICS: dict[str, bool] = {r"top-(\d+)-drop": True, "lds": True, r"precision@1": True, r"recall@(\d+)": True}
 # What each metric name fixes of its function's arguments.
 _FIXED = {"positive-perturbation": {"order": "positive"}, "negative-perturbation": {"order": "negative"}}
 # The arguments the Evaluator passes itself.
@@ -114,9 +118,11 @@ def compute_metric(
 
 
 def higher_is_better(metric: str) -> bool:
-    """Whether higher values of the metric named ``metric`` (a key of :data:`METRICS`) are better."""
-    if metric not in METRICS:
-        raise ValueError(
-            f"the direction of metric {metric!r} is unknown; pass higher_is_better={{{metric!r}: True or False}}."
-        )
-    return METRICS[metric].higher_is_better
+    """Whether higher values of the metric named ``metric`` (a key of :data:`METRICS`, or a
+    context metric: ``"top-3-drop"``, ``"lds"``, ``"precision@1"``, ``"recall@5"``) are better."""
+    if metric in METRICS:
+        return METRICS[metric].higher_is_better
+    for pattern, direction in CONTEXT_METRICS.items():
+        if re.fullmatch(pattern, metric):
+            return direction
+    raise ValueError(f"the direction of metric {metric!r} is unknown; pass higher_is_better={{{metric!r}: True or False}}.")
