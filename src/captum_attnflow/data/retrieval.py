@@ -184,14 +184,14 @@ def retrieval_examples(count: int, sources: int | tuple[int, int] = (4, MAX_SOUR
 
         >>> example = retrieval_examples(1, sources=4, seed=3)[0]
         >>> print(example.text)
-        Irene's family name is Morris.
-        Gina's favourite food is hummus.
-        Gina's favourite instrument is accordion.
-        Gina's favourite animal is mouse.
-        Question: What is Gina's favourite food?
+        Felix's favourite instrument is synthesizer.
+        Quinn's favourite colour is orange.
+        Quinn's home city is Warsaw.
+        Quinn's favourite instrument is mandolin.
+        Question: What is Quinn's favourite instrument?
         Answer:
         >>> example.answer, example.gold
-        ('hummus', 1)
+        ('mandolin', 3)
     """
     if isinstance(count, bool) or not isinstance(count, int) or count < 0:
         raise ValueError(f"count must be an int >= 0, got {count!r}.")

@@ -1,4 +1,4 @@
-"""The bundled retrieval language model: a small Qwen3 that answers a question from the one fact of its prompt that holds the answer.
+"""The retrieval language model: a small Qwen3 meant to answer a question from the one fact of its prompt that holds the answer.
 
 Its prompts are :func:`~captum_attnflow.data.retrieval_examples`: 4 to 64 facts (the sources),
 most of them distractors sharing words with the question, then ``Question: ...`` and
@@ -6,10 +6,11 @@ most of them distractors sharing words with the question, then ``Question: ...``
 the answer came from is known, so context-attribution methods can be scored against it.
 
 Train it with ``python -m captum_attnflow.models.train_retrieval --out DIR``
-(:mod:`captum_attnflow.models.train_retrieval`); the bundled checkpoint
-(``assets/retrieval/``) was made with the defaults, and its held-out answer accuracy, overall and
-by number of sources, is in ``assets/retrieval/eval_results.json``. It is a plain
-:class:`~transformers.Qwen3ForCausalLM` (no sliding window), so
+(:mod:`captum_attnflow.models.train_retrieval`); its held-out answer accuracy, overall and by
+number of sources, is in ``DIR/eval_results.json``. No checkpoint is bundled yet: no training
+run on two CPU cores has yet learnt to bind each value to its own fact's person (see
+docs/retrieval-model.md), and a model that cannot is no known answer. It is a plain
+:class:`~transformers.Qwen3ForCausalLM` (its first layer windowed, as Qwen3 configs allow), so
 ``AutoModelForCausalLM.from_pretrained(DIR)`` loads it as well.
 """
 
@@ -26,10 +27,21 @@ from captum_attnflow.models.bundled import load_checkpoint
 
 ASSET_DIR = Path(__file__).resolve().parent.parent / "assets" / "retrieval"
 MAX_POSITIONS = 512  # 64 sources of at most 10 tokens (7 but for a few values of two or three words) and the question
+WINDOW = 8  # tokens the first layer reads: a fact (7 tokens, 9 with a three-word value) and no other fact's person
 
 
 def retrieval_config(tokenizer: PreTrainedTokenizerFast, **overrides: object) -> Qwen3Config:
-    """The bundled model's sizes: 3 layers, 4 query heads sharing 2 key/value heads of 32, hidden size 128.
+    """The bundled model's sizes: 3 layers, 4 query heads sharing 2 key/value heads of 32, hidden
+    size 128; the first layer attends to a sliding window of its last :data:`WINDOW` tokens, the
+    others to the whole prompt.
+
+    The window is what makes the lookup learnable on a CPU: a fact's value can only read its own
+    fact in the first layer (its person 5 tokens back, the previous fact's person 12), so the
+    person is bound to the value from the first steps, and the later layers learn to match the
+    question's person and attribute against those bindings. With full attention in every layer
+    the same training stays at the accuracy of guessing among the facts of the asked attribute
+    (measured: 50 % on two facts after 1500 steps, against 91 % with the window after 1200).
+    ``num_hidden_layers`` in ``overrides`` keeps the first layer windowed and the rest full.
 
     Args:
         tokenizer: the retrieval tokenizer (:func:`~captum_attnflow.data.build_retrieval_tokenizer`),
@@ -42,19 +54,24 @@ def retrieval_config(tokenizer: PreTrainedTokenizerFast, **overrides: object) ->
         >>> config = retrieval_config(build_retrieval_tokenizer())
         >>> config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads, config.hidden_size
         (3, 4, 2, 128)
+        >>> config.layer_types, config.sliding_window
+        (['sliding_attention', 'full_attention', 'full_attention'], 8)
     """
+    layers = int(overrides.pop("num_hidden_layers", 3))
     settings: dict = dict(
         vocab_size=len(tokenizer),
         hidden_size=128,
         intermediate_size=256,
-        num_hidden_layers=3,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=32,
         max_position_embeddings=MAX_POSITIONS,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         tie_word_embeddings=True,
-        use_sliding_window=False,
+        use_sliding_window=True,
+        sliding_window=WINDOW,
+        layer_types=["sliding_attention"] + ["full_attention"] * (layers - 1),
         attention_dropout=0.0,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -69,13 +86,14 @@ def load_retrieval_model(
     dtype: str | torch.dtype | None = None,
     device_map: str | dict | None = None,
 ) -> tuple[Qwen3ForCausalLM, PreTrainedTokenizerFast]:
-    """The bundled retrieval language model (eval mode, sdpa attention; CPU unless told) and its tokenizer.
+    """A trained retrieval language model (eval mode, sdpa attention; CPU unless told) and its tokenizer.
 
     Loads offline, without transformers' "Loading weights" progress bar.
 
     Args:
         directory: a checkpoint written by ``python -m captum_attnflow.models.train_retrieval
-            --out DIR`` to load instead; None (default) loads the bundled one.
+            --out DIR``; None (default) the bundled one, where the package holds one (none yet:
+            the error names the training command).
         device: where the model goes (``"cpu"``, ``"cuda"``, ``"cuda:N"``, ``"mps"``, ``"auto"``
             for the first CUDA device when there is one); None (default) the CPU.
         dtype: ``"float32"``, ``"bfloat16"``, ``"float16"`` (or the torch dtype); None (default)
@@ -93,13 +111,15 @@ def load_retrieval_model(
 
     Example::
 
-        >>> from captum_attnflow.data import retrieval_examples
-        >>> model, tokenizer = load_retrieval_model()
-        >>> example = retrieval_examples(1, sources=16, seed=5)[0]
-        >>> inputs = tokenizer(example.text, return_tensors="pt")
-        >>> output = model.generate(**inputs, max_new_tokens=4, do_sample=False)
-        >>> tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True) == example.answer
-        True
+        >>> import tempfile
+        >>> from captum_attnflow.data import build_retrieval_tokenizer
+        >>> with tempfile.TemporaryDirectory() as out:  # an untrained checkpoint, as the training command writes it
+        ...     tokenizer = build_retrieval_tokenizer()
+        ...     Qwen3ForCausalLM(retrieval_config(tokenizer, num_hidden_layers=1)).save_pretrained(out)
+        ...     _ = tokenizer.save_pretrained(out)
+        ...     model, tokenizer = load_retrieval_model(out)
+        >>> model.config.layer_types, model.training
+        (['sliding_attention'], False)
     """
     path = ASSET_DIR if directory is None else Path(directory)
     return load_checkpoint(Qwen3ForCausalLM, path, "retrieval model", "captum_attnflow.models.train_retrieval",
@@ -138,11 +158,11 @@ def answer_accuracy(
 
     Example::
 
-        >>> from captum_attnflow.data import retrieval_examples
-        >>> model, tokenizer = load_retrieval_model()
-        >>> results = answer_accuracy(model, tokenizer, retrieval_examples(16, sources=8, seed=4))
-        >>> results["n"], results["accuracy"] > 0.9
-        (16, True)
+        >>> from captum_attnflow.data import build_retrieval_tokenizer, retrieval_examples
+        >>> tokenizer = build_retrieval_tokenizer()
+        >>> model = Qwen3ForCausalLM(retrieval_config(tokenizer, num_hidden_layers=1)).eval()  # untrained
+        >>> answer_accuracy(model, tokenizer, retrieval_examples(16, sources=8, seed=4))
+        {'n': 16, 'accuracy': 0.0}
     """
     prompts = sorted(
         ((tokenizer(example.text)["input_ids"], answer_ids(example, tokenizer)) for example in examples),
