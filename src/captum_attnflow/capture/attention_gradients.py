@@ -34,6 +34,7 @@ from captum_attnflow.capture.internals import prepared_call
 from captum_attnflow.capture.lean import LEAN_MODEL_TYPES, captured_scores, own_attention
 from captum_attnflow.capture.lean_blocks import AttentionScores, _scratch_size, fused_blocks, row_product
 from captum_attnflow.capture.maps import in_run_order
+from captum_attnflow.capture.quantized import dequantized_gradients
 from captum_attnflow.hf.models import hf_models
 from captum_attnflow.hf.scores import kept_in, kept_logits, logit_rows
 from captum_attnflow.hf.state import implementation, register_attention, unchanged, uses_substituted_attention
@@ -217,7 +218,7 @@ def capture_attention_gradients(
             for submodule in model.modules():
                 _CAPTURES[submodule] = (capture, saved[id(model)])
         try:
-            with implementation(module, _NAME), torch.enable_grad():
+            with implementation(module, _NAME), dequantized_gradients(module), torch.enable_grad():
                 capture.output = call() if kept is None else call(logits_to_keep=kept)
             capture.kept = kept_in(capture.output, kept)
         finally:

@@ -36,6 +36,7 @@ from transformers.masking_utils import eager_mask, sdpa_mask
 from captum_attnflow.capture.lean import captured_scores, own_attention
 from captum_attnflow.capture.lean_blocks import AttentionScores
 from captum_attnflow.capture.maps import attentions_of, in_run_order, maps_in_order, real_tokens_first_call
+from captum_attnflow.capture.quantized import dequantized_gradients
 from captum_attnflow.hf.inputs import as_tuple, check_mask_not_in_args, mask_keyword
 from captum_attnflow.hf.models import check_device, hf_models, outermost, owning_module
 from captum_attnflow.hf.state import eager_attention, implementation, register_attention, unchanged
@@ -191,7 +192,7 @@ def capture_internals(
         register_attention(_NAME, _internals_attention, eager_mask)  # the additive masks eager attention gets
     name = _LEAN_NAME if lean else _NAME
     with unchanged(module), _recording(module, internals, blocks or [], after_block), implementation(module, name):
-        with torch.set_grad_enabled(gradients):
+        with torch.set_grad_enabled(gradients), dequantized_gradients(module):
             internals.output = call()
     if not internals.probabilities and gradients and not blocks:
         internals.output, internals.probabilities = _returned_attentions(module, call)

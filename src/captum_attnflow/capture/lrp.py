@@ -23,7 +23,10 @@ forward values untouched (each rule returns the model's own output, only its gra
   table's ``gated_unit``), gradient scaled by 1/2: the uniform rule on :math:`\\mathrm{act}(g) \\odot u`
   (a mixture's experts, whose product no hook reaches: the identity rule on the activation and
   the experts' output gradient scaled by 1/2, the same rule since only linear maps follow the
-  product there).
+  product there);
+* a quantized linear layer keeps its own output with the gradient of its dequantized weight
+  (:mod:`captum_attnflow.capture.quantized`); what its kernel adds to :math:`x W^\\top` is held
+  constant, as a bias is.
 
 The relevance of token j is :math:`\\sum_d e_{jd} \\tilde\\nabla_{e_{jd}} y_t`, e the token
 embeddings (the input embedding layer's output; for a vision transformer the patch embeddings
@@ -39,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -50,11 +54,13 @@ from captum_attnflow.capture.lean import scale_and_causality
 from captum_attnflow.capture.lean_blocks import attends_causally
 from captum_attnflow.capture.lrp_rules import _function_activation_hooks, _GradientScale, _rule_hooks
 from captum_attnflow.capture.maps import in_run_order, real_tokens_first_call
+from captum_attnflow.capture.quantized import dequantized_gradients
 from captum_attnflow.hf.architectures import Architecture, architecture_of
 from captum_attnflow.hf.inputs import as_tuple, check_mask_not_in_args, mask_keyword
 from captum_attnflow.hf.models import check_device, main_model, owning_module
 from captum_attnflow.hf.scores import input_embeddings, kept_in, kept_logits, logit_rows
 from captum_attnflow.hf.state import implementation, register_attention, relevance_rules, unchanged
+from captum_attnflow.hf.weights import is_quantized, linear_weight
 
 _NAME = "captum_attnflow_attnlrp"
 
@@ -116,7 +122,9 @@ class LRPRun:
         * ``"other_embeddings"``: the position and token-type embeddings' (the other embedding
           tables, a vision transformer's position embeddings);
         * ``"biases"``: :math:`\\sum b \\cdot \\tilde\\nabla_b\\, y`, what the biases of the linear
-          layers and LayerNorms keep (the ε-rule at ε = 0 gives a bias its share of the output);
+          layers and LayerNorms keep (the ε-rule at ε = 0 gives a bias its share of the output),
+          and on a quantized model what each quantized layer adds to :math:`x W^\\top` beside its bias
+          (its rounding, held as a bias is);
         * ``"softmax"``: the rest of the score, what the softmax linearisation loses (every other
           rule conserves).
         """
@@ -230,10 +238,17 @@ def _share_hooks(model: nn.Module, run: LRPRun, batch: int) -> list[Any]:
                 f"AttnLRP's shares need each layer's output with the batch first (or batch and tokens flattened, "
                 f"batch first); {type(module).__name__} returned {tuple(output.shape)} for a batch of {batch}."
             )
-        run.biased.append((output, module.bias.detach()))
+        if id(module) not in quantized:
+            run.biased.append((output, module.bias.detach()))
+            return
+        # a quantized layer keeps its bias and what its kernel adds to x W^T (its rounding): its
+        # gradient is W's alone, so that is held as the bias is
+        weight, _ = linear_weight(module)
+        run.biased.append((output, output.detach() - F.linear(args[0].detach(), weight.to(output.dtype))))
 
     outside = [module for module in model.modules() if id(module) not in inside]
-    with_bias = [module for module in outside if isinstance(getattr(module, "bias", None), Tensor)]
+    quantized = {id(module) for module in outside if is_quantized(module)}
+    with_bias = [m for m in outside if isinstance(getattr(m, "bias", None), Tensor) or id(m) in quantized]
     for module in with_bias:
         if not isinstance(module, (nn.Linear, Conv1D, nn.LayerNorm)):
             raise ValueError(
@@ -304,8 +319,8 @@ def attnlrp_forward(
     register_attention(_NAME, _attnlrp_attention, sdpa_mask)  # the masks sdpa gets: bool, or None to skip
     with unchanged(module), _rules(model, architecture, blocks, run), implementation(module, _NAME):
         handles = _share_hooks(model, run, inputs.shape[0]) if shares else []
-        try:
-            with torch.enable_grad():
+        try:  # the quantized layers' gradient installed last, so that it runs before the other hooks
+            with dequantized_gradients(model), torch.enable_grad():
                 run.output = forward_func(inputs, *args, **kwargs)
             run.kept = kept_in(run.output, run.kept)
         finally:
