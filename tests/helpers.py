@@ -1,10 +1,15 @@
 """Shared test helpers (not a test module): tiny randomly initialised transformers built from
-configs (no downloads), tiny classifiers and padded batches, and the evaluator set-up shared by the
-evaluator tests and their ``accelerate launch`` script. ``pytest``'s ``pythonpath`` puts this folder
-on the import path."""
+configs (no downloads), tiny classifiers and padded batches, the evaluator set-up shared by the
+evaluator tests and their ``accelerate launch`` script, and headless Chromium without network.
+``pytest``'s ``pythonpath`` puts this folder on the import path."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import tempfile
+
+import pytest
 import torch
 import transformers
 from torch import nn
@@ -228,3 +233,21 @@ def peaked(layers: int, n: int, heads: int = 2, seed: int = 0) -> torch.Tensor:
     """Nearly one-hot heads: each query attends to a few random keys."""
     generator = torch.Generator().manual_seed(seed)
     return softmax_attention(6 * torch.randn(layers, 1, heads, n, n, generator=generator))
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+needs_browser = pytest.mark.skipif(
+    CHROMIUM is None, reason="no Chromium on PATH (apt-get install chromium; .ci/run installs it)"
+)
+
+
+def browser(*args: str) -> str:
+    """Run headless Chromium on ``args`` (e.g. ``--dump-dom`` and a ``file://`` address) with the
+    network off (no host name resolves, no background requests) and a fresh profile; its stdout."""
+    with tempfile.TemporaryDirectory() as profile:
+        command = [
+            CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--disable-background-networking",
+            "--no-first-run", "--disable-component-update", "--disable-sync", "--host-resolver-rules=MAP * ~NOTFOUND",
+            f"--user-data-dir={profile}", *args,
+        ]
+        return subprocess.run(command, capture_output=True, text=True, timeout=120, check=True).stdout

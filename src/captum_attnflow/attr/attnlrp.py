@@ -79,8 +79,9 @@ class AttnLRP(AttentionAttribution, GradientAttribution):
     mixtures' routers, which are held constant here (``benchmarks/lxt_agreement.py``).
 
     The model runs with its own layers and forward values (each rule changes a gradient only);
-    the rules come from transformers' attention-function interface and the architecture table
-    (:mod:`captum_attnflow.capture.lrp`): the model types of
+    the rules come from transformers' attention-function interface (for the families whose
+    attention runs in their own modules, hooks on their query, key and value projections) and the
+    architecture table (:mod:`captum_attnflow.capture.lrp`): the model types of
     :data:`~captum_attnflow.hf.architectures.ARCHITECTURES`. Parameters'
     ``.grad`` are not touched; it runs under ``torch.no_grad()`` too.
 

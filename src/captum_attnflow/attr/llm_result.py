@@ -165,7 +165,7 @@ class LLMAttentionAttributionResult(LLMAttributionResult):
         """Read a result written by :meth:`save`.
 
         Raises:
-            ValueError: not such a file, or one of a newer format version.
+            ValueError: not such a file (a damaged one included), or one of a newer format version.
         """
         fields, arrays = load_result(path, _KIND)
         tensors = {name: torch.from_numpy(arrays[name]) if name in arrays else None for name in _TENSORS}
