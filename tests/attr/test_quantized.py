@@ -231,3 +231,19 @@ def test_language_model_wrapper(tmp_path_factory):
         ours = LLMAttentionAttribution(method(quantized), tokenizer).attribute(prompt, target=target).token_attr
         expected = LLMAttentionAttribution(method(reference), tokenizer).attribute(prompt, target=target).token_attr
         torch.testing.assert_close(ours, expected, atol=_tolerance(epsilon, float(expected.abs().max())), rtol=0)
+
+
+@pytest.mark.parametrize("scheme", ["nf4", "int8"])
+def test_recomputed_blocks_take_the_same_gradients(pairs, scheme, monkeypatch):
+    """Layer-wise recomputation runs each block's quantized layers again in the backward pass,
+    with the dequantized weights' gradient there too: the same scores, also when the library's
+    4-bit kernel has no backward (as bitsandbytes' CPU-packed one has none)."""
+    import bitsandbytes as bnb
+
+    quantized, _, _ = pairs("llama", scheme)
+    matmul = bnb.matmul_4bit
+    monkeypatch.setattr(bnb, "matmul_4bit", lambda *args, **kwargs: matmul(*args, **kwargs).detach())
+    for method in (GradientWeightedRollout, AttnLRP):
+        expected = method(quantized, recompute=False).attribute(IDS, target=5, attention_mask=MASK)
+        ours = method(quantized, recompute=True).attribute(IDS, target=5, attention_mask=MASK)
+        torch.testing.assert_close(ours, expected, atol=1e-6 * float(expected.abs().max()), rtol=0)

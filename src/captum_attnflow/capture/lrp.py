@@ -68,6 +68,7 @@ from captum_attnflow.capture.lrp_rules import (
 )
 from captum_attnflow.capture.maps import in_run_order, real_tokens_first_call
 from captum_attnflow.capture.quantized import dequantized_gradients
+from captum_attnflow.capture.recompute import layerwise_recomputation
 from captum_attnflow.hf.architectures import Architecture, architecture_of
 from captum_attnflow.hf.inputs import as_tuple, check_mask_not_in_args, mask_keyword
 from captum_attnflow.hf.models import check_device, main_model, owning_module
@@ -368,12 +369,35 @@ def attnlrp_forward(
     are never touched (:meth:`LRPRun.relevance` differentiates with respect to the leaf only).
     ``shares=True`` also records what :meth:`LRPRun.shares` needs. ``positions`` (B, S), the
     explained positions of the inputs if known: a language model then computes their logits
-    alone (:attr:`LRPRun.kept`).
+    alone (:attr:`LRPRun.kept`). The backward passes of the returned run keep every layer's
+    activations; :func:`attnlrp_run` keeps only each layer's input.
 
     Raises:
         TypeError: ``forward_func`` holds no Hugging Face model.
         ValueError: a model type outside the architecture table, a model whose config the rules
             do not cover there, or a model that ran no attention.
+    """
+    with attnlrp_run(forward_func, inputs, additional_forward_args, attention_mask, shares, positions) as run:
+        return run
+
+
+@contextlib.contextmanager
+def attnlrp_run(
+    forward_func: Callable[..., Any],
+    inputs: Tensor,
+    additional_forward_args: Any = None,
+    attention_mask: Tensor | None = None,
+    shares: bool = False,
+    positions: Tensor | None = None,
+    recompute: bool = False,
+) -> Iterator[LRPRun]:
+    """Context manager: :func:`attnlrp_forward`'s run, the rules kept on the model for the block
+    (whose backward passes, :meth:`LRPRun.relevance`, run inside it), the model restored on exit.
+
+    ``recompute=True``: each transformer block keeps only its input, and each backward pass runs
+    the blocks again one at a time under the same rules
+    (:func:`~captum_attnflow.capture.recompute.layerwise_recomputation`): the same relevance,
+    with one block's activations alive at a time, for one more forward pass per backward pass.
     """
     module = owning_module(forward_func)
     model = main_model(forward_func)
@@ -408,20 +432,24 @@ def attnlrp_forward(
     else:
         register_attention(_NAME, _attnlrp_attention, sdpa_mask)  # the masks sdpa gets: bool, or None to skip
         attention = implementation(module, _NAME)
-    with unchanged(module), attention as entered, _rules(model, architecture, blocks, run):
+    recomputed = layerwise_recomputation(blocks) if recompute else contextlib.nullcontext()
+    with unchanged(module), attention as entered, _rules(model, architecture, blocks, run), recomputed:
         # Read under the model's lock: the implementation the attention rules delegate to.
         run.attention = ALL_ATTENTION_FUNCTIONS.get(entered(model), sdpa_attention_forward)
         handles = _share_hooks(model, architecture, run, inputs.shape[0]) if shares else []
-        try:  # the quantized layers' gradient installed last, so that it runs before the other hooks
-            with dequantized_gradients(model), torch.enable_grad():
-                run.output = forward_func(inputs, *args, **kwargs)
-            run.kept = kept_in(run.output, run.kept)
+        try:  # the quantized layers' gradient installed last, so that it runs before the other hooks,
+            # and kept for the backward passes, which may run the blocks again
+            with dequantized_gradients(model):
+                with torch.enable_grad():
+                    run.output = forward_func(inputs, *args, **kwargs)
+                run.kept = kept_in(run.output, run.kept)
+                if not run.attended or run.embeddings is None:
+                    raise ValueError(
+                        f"{type(model).__name__} ran no attention through transformers' attention-function interface "
+                        "or never called its input embeddings; AttnLRP needs both (BERT, GPT-2, Llama, ViT, ... in "
+                        "transformers 5)."
+                    )
+                yield run
         finally:
             for handle in handles:
                 handle.remove()
-    if not run.attended or run.embeddings is None:
-        raise ValueError(
-            f"{type(model).__name__} ran no attention through transformers' attention-function interface or never "
-            "called its input embeddings; AttnLRP needs both (BERT, GPT-2, Llama, ViT, ... in transformers 5)."
-        )
-    return run
