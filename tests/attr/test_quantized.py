@@ -34,7 +34,6 @@ from captum_attnflow.hf.weights import is_quantized, linear_weight
 from captum_attnflow.models.language_model import build_lm_tokenizer
 
 pytest.importorskip("bitsandbytes")
-pytest.importorskip("torchao")
 
 METHODS = [RawAttention, AttentionRollout, AttentionFlow, GradientWeightedRollout, ALTI, AttentionNorm, ValueZeroing,
            AttnLRP]
@@ -67,7 +66,7 @@ def _model(arch: str, vocab: int = 60, zero_values: bool = False) -> torch.nn.Mo
 
 def _quantization(scheme: str, arch: str):
     if scheme == "torchao":
-        from torchao.quantization import Int8WeightOnlyConfig
+        Int8WeightOnlyConfig = pytest.importorskip("torchao.quantization").Int8WeightOnlyConfig  # the quantized extra's
 
         return transformers.TorchAoConfig(Int8WeightOnlyConfig())
     # BERT's 3-way head stays in float (its rows are no multiple of 32); transformers keeps a
