@@ -22,7 +22,9 @@ Every node also books what its inputs do not receive (:data:`LEDGER` kinds: ``bi
 
 Supported: BertForSequenceClassification, RobertaForSequenceClassification (its head's tanh by the
 identity rule), GPT2LMHeadModel, LlamaForCausalLM (grouped-query heads, default rotary, with or
-without biases), ViTForImageClassification.
+without biases), ViTForImageClassification; T5ForConditionalGeneration (:func:`seq2seq_attnlrp_reference`:
+two token leaves, the cross-attention by the attention's rules, its relative position bias a term
+of the scores).
 """
 
 from __future__ import annotations
@@ -143,16 +145,18 @@ class _Tape:
 
         return self.node(y, [x], rule)
 
-    def attention(self, q, k, v, heads, kv_heads, allowed, scale):
-        """Multi-head attention of (n, heads*d) queries over (n, kv_heads*d) keys and values."""
+    def attention(self, q, k, v, heads, kv_heads, allowed, scale, bias=None):
+        """Multi-head attention of (n, heads*d) queries over (n_k, kv_heads*d) keys and values (a
+        cross-attention's keys are not its queries), ``bias`` (H, n, n_k) a term of the scores (T5's
+        relative positions), which keeps its ε-rule share of them."""
         Q, K, V = self.v(q), self.v(k), self.v(v)
-        n = Q.shape[0]
+        n, n_k = Q.shape[0], K.shape[0]
         d = Q.shape[1] // heads
         group = heads // kv_heads
         Qh = Q.reshape(n, heads, d).transpose(0, 1)
-        Kh = K.reshape(n, kv_heads, d).transpose(0, 1)[torch.arange(heads) // group]
-        Vh = V.reshape(n, kv_heads, d).transpose(0, 1)[torch.arange(heads) // group]
-        S = scale * Qh @ Kh.transpose(1, 2)  # (H, n, n)
+        Kh = K.reshape(n_k, kv_heads, d).transpose(0, 1)[torch.arange(heads) // group]
+        Vh = V.reshape(n_k, kv_heads, d).transpose(0, 1)[torch.arange(heads) // group]
+        S = scale * Qh @ Kh.transpose(1, 2) + (0 if bias is None else bias)  # (H, n, n_k)
         A = torch.softmax(S.masked_fill(~allowed, float("-inf")), -1)
         O = A @ Vh  # (H, n, d)
         y = O.transpose(0, 1).reshape(n, heads * d)
@@ -168,7 +172,7 @@ class _Tape:
             qk = scale * Qh[:, :, None] * Kh[:, None] * _ratio(RS, S)[..., None]  # (H, i, j, d)
             RQ = 0.5 * qk.sum(2)
             RK = 0.5 * qk.sum(1)
-            fold = lambda Rh: Rh.reshape(kv_heads, group, n, d).sum(1).transpose(0, 1).reshape(n, kv_heads * d)
+            fold = lambda Rh: Rh.reshape(kv_heads, group, n_k, d).sum(1).transpose(0, 1).reshape(n_k, kv_heads * d)
             return [RQ.transpose(0, 1).reshape(n, heads * d), fold(RK), fold(RV)]
 
         return self.node(y, [q, k, v], rule)
@@ -287,6 +291,75 @@ def _vit(model, pixels):
         h = tape.add(h, tape.linear(inner, layer.mlp.fc2.weight, layer.mlp.fc2.bias))
     h = tape.layer_norm(h, vit.layernorm)
     return tape, tape.linear(tape.take(h, 0), model.classifier.weight, model.classifier.bias)
+
+
+def _t5_stack(tape, stack, h, heads, causal, encoder=None):
+    """A T5 stack's blocks and final norm on the tape, from its embedded tokens ``h``; a decoder
+    (``encoder`` the encoder output's node) with its cross-attention over the encoder's outputs."""
+    n = tape.v(h).shape[0]
+    allowed = torch.ones(n, n, dtype=torch.bool)
+    allowed = allowed.tril() if causal else allowed
+    bias = stack.block[0].layer[0].SelfAttention.compute_bias(n, n)[0]
+    for block in stack.block:
+        layer = block.layer
+        att = layer[0].SelfAttention
+        a = tape.rms_norm(h, layer[0].layer_norm)
+        q, k, v = (tape.linear(a, m.weight) for m in (att.q, att.k, att.v))
+        h = tape.add(h, tape.linear(tape.attention(q, k, v, heads, heads, allowed, 1.0, bias), att.o.weight))
+        if encoder is not None:
+            att = layer[1].EncDecAttention
+            a = tape.rms_norm(h, layer[1].layer_norm)
+            q = tape.linear(a, att.q.weight)
+            k, v = tape.linear(encoder, att.k.weight), tape.linear(encoder, att.v.weight)
+            every = torch.ones(n, tape.v(encoder).shape[0], dtype=torch.bool)
+            h = tape.add(h, tape.linear(tape.attention(q, k, v, heads, heads, every, 1.0), att.o.weight))
+        feed = layer[-1].DenseReluDense
+        m = tape.rms_norm(h, layer[-1].layer_norm)
+        if hasattr(feed, "wi_1"):  # gated: act(wi_0 x) * wi_1 x
+            inner = tape.product(tape.identity(tape.linear(m, feed.wi_0.weight), feed.act), tape.linear(m, feed.wi_1.weight))
+        else:
+            inner = tape.identity(tape.linear(m, feed.wi.weight), feed.act)
+        h = tape.add(h, tape.linear(inner, feed.wo.weight))
+    return tape.rms_norm(h, stack.final_layer_norm)
+
+
+def _t5(model, source, decoder_inputs, position):
+    """T5ForConditionalGeneration: the source and the decoder's inputs two token leaves (returned
+    as the tape's nodes 0 and 1), the decoder's output at ``position`` through the LM head."""
+    tape = _Tape()
+    table = model.shared.weight
+    source_leaf = tape.leaf(table[source], "token")
+    target_leaf = tape.leaf(table[decoder_inputs], "token")
+    heads = model.config.num_heads
+    encoder = _t5_stack(tape, model.encoder, source_leaf, heads, causal=False)
+    h = _t5_stack(tape, model.decoder, target_leaf, heads, causal=True, encoder=encoder)
+    if model.config.tie_word_embeddings:  # the output rescaled before the tied head: a linear map
+        h = tape.identity(h, lambda value: value * model.config.d_model**-0.5)
+    return tape, tape.linear(tape.take(h, position), model.lm_head.weight)
+
+
+def seq2seq_attnlrp_reference(model, source, decoder_inputs, target, attention_mask=None, decoder_attention_mask=None):
+    """AttnLRP relevance of each decoder position of a T5ForConditionalGeneration over the source
+    tokens and the decoder's inputs, (B, m, n_s + m) float64 (padding 0), each position for the
+    logit of ``target[:, t]``; and per example and position the ledger (as :func:`attnlrp_reference`)."""
+    model64 = copy.deepcopy(model).double().eval()
+    batch, n_s = source.shape
+    m = decoder_inputs.shape[1]
+    rows = torch.zeros(batch, m, n_s + m, dtype=torch.float64)
+    ledgers = []
+    with torch.no_grad():
+        for b in range(batch):
+            real_s = torch.arange(n_s) if attention_mask is None else attention_mask[b].nonzero().flatten()
+            real_t = torch.arange(m) if decoder_attention_mask is None else decoder_attention_mask[b].nonzero().flatten()
+            for where, t in enumerate(real_t.tolist()):
+                tape, logits = _t5(model64, source[b, real_s], decoder_inputs[b, real_t], where)
+                explained = tape.take(logits, int(target[b, t]))
+                R = tape.relevance(explained)
+                rows[b, t, real_s] = R[0].sum(-1)
+                rows[b, t, n_s + real_t] = R[1].sum(-1)
+                ledgers.append({"token": float(R[0].sum() + R[1].sum()), "bias": sum(tape.ledger_bias),
+                                "softmax": sum(tape.ledger_softmax), "logit": float(tape.v(explained))})
+    return rows, ledgers
 
 
 def attnlrp_reference(model, inputs, target, attention_mask=None, position=None):

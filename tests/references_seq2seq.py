@@ -209,12 +209,17 @@ def _transformed(record, residual_column):
 
 
 def _min_sum(T, y, causal):
-    """The released code's "l1" contributions, -‖T − y‖₁, normalised by "min_sum" with ‖y‖₁."""
+    """The released code's "l1" contributions, -‖T − y‖₁, normalised by "min_sum" with ‖y‖₁. A row
+    whose vectors are all farther from y than ‖y‖₁ (all clipped to 0; the released code divides 0
+    by 0) keeps its own token whole: the diagonal, or a cross-attention's residual (last column)."""
     contributions = -(T - y[:, None]).abs().sum(-1)
     contributions = (contributions + y.abs().sum(-1, keepdim=True)).clamp(min=0)
+    n, k = contributions.shape
     if causal:  # a later token's vector is 0: its contribution ‖y‖₁ − ‖y‖₁ is exactly 0
-        n = contributions.shape[0]
-        contributions = contributions * torch.ones(n, contributions.shape[1], dtype=torch.bool).tril()
+        contributions = contributions * torch.ones(n, k, dtype=torch.bool).tril()
+    own = torch.eye(n, k, dtype=torch.float64) if k == n else torch.nn.functional.one_hot(torch.full((n,), k - 1), k).double()
+    empty = contributions.sum(-1, keepdim=True) == 0
+    contributions = torch.where(empty, own, contributions)
     return contributions / contributions.sum(-1, keepdim=True)
 
 

@@ -14,7 +14,7 @@ from captum_attnflow.saving import load_result, save_result
 from captum_attnflow.words import groups_from_tokens, groups_with_tokenizer, reduce_groups, spell
 
 _KIND = "LLMAttentionAttributionResult"
-_TENSORS = ("seq_attr", "token_attr", "output_attr", "sink_attr", "decoder_start_attr")
+_TENSORS = ("seq_attr", "token_attr", "output_attr", "sink_attr", "decoder_start_attr", "source_share", "target_share")
 
 
 class LLMAttentionAttributionResult(LLMAttributionResult):
@@ -31,6 +31,12 @@ class LLMAttentionAttributionResult(LLMAttributionResult):
             the tokenizer adds none), also when ``drop_sink=True`` leaves it out of ``token_attr``.
         decoder_start_attr: (n_out,) for an encoder-decoder, the score of the decoder's start
             token; None for a decoder-only model.
+        source_share, target_share: (n_out,) for an encoder-decoder, the sum of each output
+            token's scores over the source tokens (all of them, ``skip_tokens`` included) and over
+            the target prefix (the start token and the earlier output tokens): ALTI+'s source and
+            target contributions (Ferrando et al., EMNLP 2022), which sum to 1 for ALTI, value
+            zeroing and rollout. None for a decoder-only model.
+        decoder_start_token: the decoder's start token as the tokenizer spells it (encoder-decoders).
         method: the attention method's class name ("AttentionRollout").
         model_name: the model's ``config.name_or_path``.
 
@@ -68,6 +74,9 @@ class LLMAttentionAttributionResult(LLMAttributionResult):
         inp: Any = None,
         method: str = "",
         model_name: str = "",
+        source_share: Tensor | None = None,
+        target_share: Tensor | None = None,
+        decoder_start_token: str = "",
     ) -> None:
         super().__init__(
             input_tokens=input_tokens, output_tokens=output_tokens, seq_attr=seq_attr, token_attr=token_attr, inp=inp
@@ -77,6 +86,9 @@ class LLMAttentionAttributionResult(LLMAttributionResult):
         self.decoder_start_attr = decoder_start_attr
         self.method = method
         self.model_name = model_name
+        self.source_share = source_share
+        self.target_share = target_share
+        self.decoder_start_token = decoder_start_token
 
     def to_html(self, path: str | Path | None = None, title: str | None = None) -> str:
         """A self-contained HTML view: one row per output token, one cell per prompt token,
@@ -108,7 +120,8 @@ class LLMAttentionAttributionResult(LLMAttributionResult):
         Columns (prompt pieces) and rows (output pieces) of ``token_attr`` and ``output_attr``
         are reduced over each word by ``reduce`` (``"sum"``, ``"max"`` or ``"mean"``, as
         :func:`~captum_attnflow.words.aggregate_words`); ``sink_attr`` and
-        ``decoder_start_attr`` over the output words; ``seq_attr`` is the mean of the new rows,
+        ``decoder_start_attr``, ``source_share`` and ``target_share`` over the output words;
+        ``seq_attr`` is the mean of the new rows,
         as before. Words come from ``tokenizer`` (the text encoded again, its word ids used
         when it gives back the same pieces), else from the pieces' markers (``##``, ``Ġ``,
         ``▁``); special tokens stay apart.
@@ -126,8 +139,10 @@ class LLMAttentionAttributionResult(LLMAttributionResult):
             seq_attr=token_attr.mean(0), token_attr=token_attr,
             output_attr=reduce_groups(reduce_groups(self.output_attr, output, reduce, -1), output, reduce, 0),
             sink_attr=reduce_groups(self.sink_attr, output, reduce, 0),
-            decoder_start_attr=None if self.decoder_start_attr is None else reduce_groups(self.decoder_start_attr, output, reduce, 0),
+            decoder_start_attr=_reduced(self.decoder_start_attr, output, reduce),
             inp=self.inp, method=self.method, model_name=self.model_name,
+            source_share=_reduced(self.source_share, output, reduce), target_share=_reduced(self.target_share, output, reduce),
+            decoder_start_token=self.decoder_start_token,
         )
 
     def save(self, path: str | Path, compress: bool = False) -> list[Path]:
@@ -136,7 +151,7 @@ class LLMAttentionAttributionResult(LLMAttributionResult):
         files written (example in the class docstring)."""
         tensors = {name: getattr(self, name) for name in _TENSORS if getattr(self, name) is not None}
         fields = dict(input_tokens=list(self.input_tokens), output_tokens=list(self.output_tokens), method=self.method,
-                      model_name=self.model_name)
+                      model_name=self.model_name, decoder_start_token=self.decoder_start_token)
         return save_result(path, _KIND, fields, tensors, compress)
 
     @classmethod
@@ -157,9 +172,14 @@ class LLMAttentionAttributionResult(LLMAttributionResult):
             mine, theirs = getattr(self, name), getattr(other, name)
             if (mine is None) != (theirs is None) or mine is not None and not torch.equal(torch.as_tensor(mine), torch.as_tensor(theirs)):
                 return False
-        return (list(self.input_tokens), list(self.output_tokens), self.method, self.model_name) == (
-            list(other.input_tokens), list(other.output_tokens), other.method, other.model_name
+        return (list(self.input_tokens), list(self.output_tokens), self.method, self.model_name, self.decoder_start_token) == (
+            list(other.input_tokens), list(other.output_tokens), other.method, other.model_name, other.decoder_start_token
         )
+
+
+def _reduced(scores: Tensor | None, groups: list[list[int]], reduce: str) -> Tensor | None:
+    """(n_out,) scores of the output tokens reduced over each output word; None stays None."""
+    return None if scores is None else reduce_groups(scores, groups, reduce, 0)
 
 
 def _words(tokens: list[str], groups: list[list[int]], tokenizer: Any, special: list[str]) -> list[str]:

@@ -13,7 +13,7 @@ encoder-decoder attentions (:mod:`.seq2seq`) and the families x methods table of
 """
 
 from captum_attnflow.capture.attention_injection import inject_attention
-from captum_attnflow.capture.lrp import LRPRun, attnlrp_forward
+from captum_attnflow.capture.lrp import LRPRun, attnlrp_forward, seq2seq_attnlrp_forward
 from captum_attnflow.capture.maps import attentions_of, capture_graph, extract_attentions
 from captum_attnflow.capture.seq2seq import Seq2SeqAttentions, seq2seq_attentions, seq2seq_gradient_internals
 
@@ -26,5 +26,6 @@ __all__ = [
     "extract_attentions",
     "inject_attention",
     "seq2seq_attentions",
+    "seq2seq_attnlrp_forward",
     "seq2seq_gradient_internals",
 ]

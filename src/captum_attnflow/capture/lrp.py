@@ -27,7 +27,9 @@ forward values untouched (each rule returns the model's own output, only its gra
 
 The relevance of token j is :math:`\\sum_d e_{jd} \\tilde\\nabla_{e_{jd}} y_t`, e the token
 embeddings (the input embedding layer's output; for a vision transformer the patch embeddings
-and its learned class tokens). The model is left as it was (attention implementation, mode,
+and its learned class tokens; for an encoder-decoder two leaves, the encoder's and the decoder's
+token embeddings, its cross-attention under the same rule as self-attention,
+:func:`seq2seq_attnlrp_forward`). The model is left as it was (attention implementation, mode,
 hooks), also when the call raises.
 """
 
@@ -50,6 +52,7 @@ from captum_attnflow.capture.lean import scale_and_causality
 from captum_attnflow.capture.lean_blocks import attends_causally
 from captum_attnflow.capture.lrp_rules import _function_activation_hooks, _GradientScale, _rule_hooks
 from captum_attnflow.capture.maps import in_run_order, real_tokens_first_call
+from captum_attnflow.capture.seq2seq import _check_encoder_decoder
 from captum_attnflow.hf.architectures import Architecture, architecture_of
 from captum_attnflow.hf.inputs import as_tuple, check_mask_not_in_args, mask_keyword
 from captum_attnflow.hf.models import check_device, main_model, owning_module
@@ -80,6 +83,8 @@ class LRPRun:
             for :meth:`shares`.
         kept: the run's positions whose logits a language model computed (its
             ``logits_to_keep``, :func:`~captum_attnflow.hf.scores.kept_logits`), or None for all.
+        decoder_embeddings, decoder_tokens: (B, m, D) an encoder-decoder's second leaf, the
+            decoder's token embeddings, and those embeddings detached; None for a model of one stack.
     """
 
     output: Any = None
@@ -92,6 +97,8 @@ class LRPRun:
     others: list[Tensor] = field(default_factory=list)
     biased: list[tuple[Tensor, Tensor]] = field(default_factory=list)
     kept: Tensor | None = None
+    decoder_embeddings: Tensor | None = None
+    decoder_tokens: Tensor | None = None
 
     def run_positions(self, positions: Tensor) -> Tensor:
         """(B, S) positions of the inputs, as positions in the run."""
@@ -103,7 +110,13 @@ class LRPRun:
 
     def relevance(self, score: Tensor, retain_graph: bool = False) -> Tensor:
         """(B, n) relevance of every token for ``score`` (B,) (selected from ``output`` with autograd
-        on), one backward pass, in the inputs' order."""
+        on), one backward pass, in the inputs' order; an encoder-decoder's (B, n_s + m), the
+        source tokens, then the decoder's inputs."""
+        if self.decoder_embeddings is not None:
+            leaves, tokens = (self.embeddings, self.decoder_embeddings), (self.tokens, self.decoder_tokens)
+            gradients = torch.autograd.grad(score.sum(), leaves, retain_graph=retain_graph, allow_unused=True)
+            return torch.cat([(t * g).sum(-1) if g is not None else t.new_zeros(t.shape[:2])
+                              for t, g in zip(tokens, gradients)], -1)
         (gradient,) = torch.autograd.grad(score.sum(), self.embeddings, retain_graph=retain_graph)
         relevance = (self.tokens * gradient).sum(-1)
         return relevance if self.order is None else relevance.gather(1, self.order.argsort(-1))
@@ -174,6 +187,8 @@ def _rules(model: nn.Module, architecture: Architecture, blocks: list[nn.Module]
 def _embedding_hooks(model: nn.Module, architecture: Architecture, run: LRPRun) -> list[Any]:
     """Hooks making the first output of the token embeddings the run's leaf (vision transformers:
     the embedded sequence, with its class tokens and patches as the tokens)."""
+    if architecture.cross_attention is not None and getattr(model.config, "is_encoder_decoder", False):
+        return _seq2seq_embedding_hooks(model, run)
     embedding = input_embeddings(model)
     if not architecture.class_tokens:
 
@@ -207,6 +222,25 @@ def _embedding_hooks(model: nn.Module, architecture: Architecture, run: LRPRun) 
         return run.embeddings
 
     return [embedding.register_forward_hook(keep_patches), owner.register_forward_hook(sequence_leaf)]
+
+
+def _seq2seq_embedding_hooks(model: nn.Module, run: LRPRun) -> list[Any]:
+    """Hooks making an encoder-decoder's token embeddings the run's two leaves: the first call
+    (the encoder runs first) ``run.embeddings``, the second ``run.decoder_embeddings`` (one
+    module or two: the tables are often shared)."""
+
+    def leaf(module: nn.Module, args: tuple, output: Tensor) -> Tensor | None:
+        if run.decoder_embeddings is not None:
+            return None
+        embeddings = output.detach().requires_grad_()
+        if run.embeddings is None:
+            run.embeddings, run.tokens = embeddings, embeddings.detach()
+        else:
+            run.decoder_embeddings, run.decoder_tokens = embeddings, embeddings.detach()
+        return embeddings
+
+    tables = [model.get_encoder().get_input_embeddings(), model.get_decoder().get_input_embeddings()]
+    return [table.register_forward_hook(leaf) for table in dict.fromkeys(tables)]
 
 
 def _share_hooks(model: nn.Module, run: LRPRun, batch: int) -> list[Any]:
@@ -280,6 +314,11 @@ def attnlrp_forward(
             "AttnLRP modifies the backward pass of the model's own layers."
         )
     architecture, blocks = architecture_of(forward_func, "AttnLRP")
+    if architecture.cross_attention is not None and getattr(model.config, "is_encoder_decoder", False):
+        raise TypeError(
+            "AttnLRP explains an encoder-decoder's decoder positions over the source and the target prefix: use "
+            "AttnLRP(model).encoder_decoder_rows(input_ids, decoder_input_ids, target, ...) or LLMAttentionAttribution."
+        )
     if not architecture.lrp:
         raise ValueError(
             f"AttnLRP's rules do not cover the {model.config.model_type!r} models: a nonlinearity is a plain "
@@ -315,5 +354,48 @@ def attnlrp_forward(
         raise ValueError(
             f"{type(model).__name__} ran no attention through transformers' attention-function interface or never "
             "called its input embeddings; AttnLRP needs both (BERT, GPT-2, Llama, ViT, ... in transformers 5)."
+        )
+    return run
+
+
+def seq2seq_attnlrp_forward(
+    model: nn.Module,
+    input_ids: Tensor,
+    decoder_input_ids: Tensor,
+    attention_mask: Tensor | None = None,
+    decoder_attention_mask: Tensor | None = None,
+) -> LRPRun:
+    """Run an encoder-decoder once under AttnLRP's rules, its encoder's and its decoder's token
+    embeddings the run's two leaves (:meth:`LRPRun.relevance` gives (B, n_s + m)): the
+    cross-attention's :math:`q k^\\top` and :math:`A v` get the uniform rule as the
+    self-attention's, so relevance flows from a decoder position to the source tokens through the
+    encoder's outputs and to the target prefix through the decoder's self-attention and residual.
+
+    Args:
+        model: a Hugging Face encoder-decoder of the architecture table (BART, Marian, mBART,
+            M2M-100, T5).
+        input_ids: (B, n_s) source ids; ``attention_mask`` (B, n_s) their padding.
+        decoder_input_ids: (B, m) the decoder's inputs; ``decoder_attention_mask`` (B, m) their padding.
+
+    Raises:
+        ValueError: not an encoder-decoder of the architecture table, or one that ran no attention
+            through transformers' interface.
+    """
+    _check_encoder_decoder(model)
+    architecture, blocks = architecture_of(model, "AttnLRP")
+    if architecture.cross_attention is None or not architecture.lrp:
+        raise ValueError(f"AttnLRP has no encoder-decoder rules for the {model.config.model_type!r} models.")
+    check_device(model, input_ids)
+    run = LRPRun()
+    run.attention = ALL_ATTENTION_FUNCTIONS.get(model.config._attn_implementation, sdpa_attention_forward)
+    register_attention(_NAME, _attnlrp_attention, sdpa_mask)  # the masks sdpa gets: bool, or None to skip
+    with unchanged(model), _rules(model, architecture, blocks, run), implementation(model, _NAME):
+        with torch.enable_grad():
+            run.output = model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
+                               decoder_attention_mask=decoder_attention_mask, use_cache=False)
+    if not run.attended or run.decoder_embeddings is None:
+        raise ValueError(
+            f"{type(model).__name__} ran no attention through transformers' attention-function interface or never "
+            "called its decoder's input embeddings; AttnLRP needs both."
         )
     return run
