@@ -93,7 +93,9 @@ class LLMAttentionAttributionResult(LLMAttributionResult):
     def to_html(self, path: str | Path | None = None, title: str | None = None) -> str:
         """A self-contained HTML view: one row per output token, one cell per prompt token,
         coloured by ``token_attr`` (see :mod:`captum_attnflow.visualize.html`); written to
-        ``path`` as a whole page when given.
+        ``path`` as a whole page when given. An encoder-decoder's rows hold the source tokens in
+        red, then its target prefix (the start token and the earlier output tokens) in green, on
+        one scale, each row labelled with its source share.
 
         Returns:
             str: the HTML (a fragment without ``path``, the page with it).
@@ -102,9 +104,19 @@ class LLMAttentionAttributionResult(LLMAttributionResult):
 
         rows = [f"{t + 1}: {token}" for t, token in enumerate(self.output_tokens)]
         name = " ".join(part for part in (self.method, self.model_name) if part)
-        section = Section(name, rows, self.input_tokens, self.token_attr.detach().float().cpu().numpy(), "score of the prompt token")
+        scores = self.token_attr.detach().float().cpu()
+        if self.source_share is None:
+            section = Section(name, rows, self.input_tokens, scores.numpy(), "score of the prompt token")
+        else:
+            prefix = [self.decoder_start_token or "<start>", *self.output_tokens[:-1]]
+            scores = torch.cat([scores, self.decoder_start_attr.detach().float().cpu()[:, None],
+                                self.output_attr.detach().float().cpu()[:, :-1]], 1)
+            shares = self.source_share.detach().float().cpu().tolist()
+            rows = [f"{row} (source {share:.2f})" for row, share in zip(rows, shares)]
+            groups = (("source", len(self.input_tokens)), ("target prefix", len(prefix)))
+            section = Section(name, rows, [*self.input_tokens, *prefix], scores.numpy(), "score", groups)
         page = attribution_html(
-            [section], title=title or "prompt: " + " ".join(self.input_tokens),
+            [section], title=title or ("prompt: " if self.source_share is None else "source: ") + " ".join(self.input_tokens),
             prediction="output: " + " ".join(self.output_tokens), full_page=path is not None,
         )
         if path is not None:
