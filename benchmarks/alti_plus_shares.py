@@ -11,7 +11,7 @@ pairs, the model's token accuracy, and per output position the mean source share
 of value zeroing for the trained model beside the untrained one (their ratio), the machine and
 its load.
 
-    python benchmarks/alti_plus_shares.py [--steps 800] [--examples 64] [--threads 1]
+    python benchmarks/alti_plus_shares.py [--steps 600] [--examples 64] [--threads 1]
 """
 
 from __future__ import annotations
@@ -39,6 +39,9 @@ def reversal_model(seed: int = 0) -> MarianMTModel:
         decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=32,
         pad_token_id=PAD, eos_token_id=EOS, decoder_start_token_id=PAD, forced_eos_token_id=None,
         dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
+        # token embeddings scaled by sqrt(d) as opus-mt's, and initialised as large as the
+        # sinusoidal positions (std 0.6), so that the tokens are not lost among the positions
+        scale_embedding=True, init_std=0.1,
     )
     return MarianMTModel(config)
 
@@ -88,7 +91,7 @@ def source_shares(method: type, model: MarianMTModel, batch: tuple[torch.Tensor,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=800)
+    parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--examples", type=int, default=64, help="held-out pairs explained")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
@@ -109,9 +112,11 @@ def main() -> None:
             if real[:, t].any():
                 ours, theirs = float(shares[:, t][real[:, t]].mean()), float(base[:, t][real[:, t]].mean())
                 print(f"  position {t}: {ours:.3f} / {theirs:.3f}  ({ours / theirs:.2f}x)")
-        ours, theirs = float(shares[real].mean()), float(base[real].mean())
-        print(f"  all positions: {ours:.3f} / {theirs:.3f} ({ours / theirs:.2f}x); least {float(shares[real].min()):.3f}; "
-              f"dominant (> 0.5) at {float((shares[real] > 0.5).float().mean()):.1%} of the output tokens")
+        symbols = real & (held_out[4] != EOS)
+        for name, where in (("copied symbols", symbols), ("end of sentence", held_out[4] == EOS), ("all tokens", real)):
+            ours, theirs = float(shares[where].mean()), float(base[where].mean())
+            print(f"  {name}: {ours:.3f} / {theirs:.3f} ({ours / theirs:.2f}x); least {float(shares[where].min()):.3f}; "
+                  f"source dominant (> 0.5) at {float((shares[where] > 0.5).float().mean()):.1%}")
 
 
 if __name__ == "__main__":
