@@ -24,21 +24,20 @@ import argparse
 import os
 import statistics
 import time
+from typing import TYPE_CHECKING
 
-import numba
-import torch
-from captum.attr import TextTokenInput
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
-
-from captum_attnflow import AttentionFlow, AttentionRollout, LLMAttentionAttribution
-from captum_attnflow.functional._memory import available_bytes, flow_bytes
+# The heavy imports are in the functions that use them, so that --help answers at once.
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 PROMPT, OUTPUT, LONG = 512, 16, 2048
 
 
 def word_tokenizer(vocabulary: int) -> PreTrainedTokenizerFast:
     """One token per id, named ``t<id>``; no special tokens are added."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
     words = models.WordLevel({f"t{i}": i for i in range(vocabulary)}, unk_token="t0")
     tokenizer = Tokenizer(words)
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
@@ -66,6 +65,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats (default 3)")
     parser.add_argument("--skip-long", action="store_true", help="skip the one source at n = 2048")
     args = parser.parse_args()
+    import numba
+    import torch
+    from captum.attr import TextTokenInput
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from captum_attnflow import AttentionFlow, AttentionRollout, LLMAttentionAttribution
+    from captum_attnflow.functional._memory import available_bytes, flow_bytes
+
     torch.manual_seed(0)
     config = GPT2Config(n_positions=4096)
     model = GPT2LMHeadModel(config).eval()

@@ -36,16 +36,18 @@ import gc
 import os
 import platform
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-import torch
-import transformers
+# The heavy imports are in the functions that use them, so that --help answers at once.
+if TYPE_CHECKING:
+    import torch
 
 BYTES_GIB = 2**30
 
 
 def word_tokenizer(vocabulary: int):
     """A word-level tokenizer over the names ``t0 .. t{vocabulary - 1}``, one token per id."""
+    import transformers
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     words = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocabulary)}, unk_token="t0"))
@@ -55,6 +57,8 @@ def word_tokenizer(vocabulary: int):
 
 def measure(call: Callable[[], object], device: torch.device) -> tuple[float, float | None]:
     """(seconds, peak GiB allocated or None on the CPU) of one call after a warm-up."""
+    import torch
+
     call()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -79,6 +83,8 @@ class Table:
               + f" {'peak GPU':>10} {'/ ' + references[-1]:>14}")
 
     def row(self, name: str, call: Callable[[], object]) -> None:
+        import torch
+
         try:
             seconds, peak = measure(call, self.device)
         except (RuntimeError, ValueError, torch.cuda.OutOfMemoryError) as error:  # one cell failing, not the table
@@ -104,6 +110,9 @@ def bert_table(sizes: list[int], device: torch.device, smoke: bool) -> None:
 
 
 def _bert_rows(n: int, device: torch.device, smoke: bool) -> None:
+    import torch
+    import transformers
+
     from captum_attnflow import ALTI, AttentionNorm, AttentionRollout, AttnLRP, GradientWeightedRollout, ValueZeroing
 
     torch.manual_seed(0)
@@ -140,6 +149,8 @@ def _bert_rows(n: int, device: torch.device, smoke: bool) -> None:
 
 
 def llama_table(tokens: int, device: torch.device, smoke: bool) -> None:
+    import torch
+    import transformers
     from captum.attr import LayerGradientXActivation, LLMGradientAttribution, TextTokenInput
 
     from captum_attnflow import AttentionRollout, GradientWeightedRollout, LLMAttentionAttribution
@@ -185,6 +196,8 @@ def kernel_table(device: torch.device, smoke: bool) -> None:
     """One attention layer's recomputation alone, random queries and keys: the layer's own sdpa
     attention beside the row statistics pass, the row product (16 vectors, statistics
     included) and the fused probabilities of every row written out (the blocks' path)."""
+    import torch
+
     geometries = [("BERT-base layer", 12, 12, 8192, False, torch.float32),
                   ("Llama-3.2-1B layer", 32, 8, 16384, True, torch.bfloat16)]
     for geometry in geometries:  # one layer's tensors at a time on the device
@@ -193,6 +206,8 @@ def kernel_table(device: torch.device, smoke: bool) -> None:
 
 def _kernel_rows(name: str, heads: int, kv_heads: int, n: int, causal: bool, dtype: torch.dtype, device: torch.device,
                  smoke: bool) -> None:
+    import torch
+
     from captum_attnflow.capture import lean_triton
 
     n = 96 if smoke else n
@@ -219,6 +234,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--llama", type=int, nargs="*", default=None, help="Llama prompt lengths (default 16384)")
     parser.add_argument("--smoke", action="store_true", help="tiny models and sizes; the CPU when there is no GPU")
     args = parser.parse_args(argv)
+    import torch
+    import transformers
+
     if not torch.cuda.is_available() and not args.smoke:
         parser.error("no CUDA device: this benchmark measures a GPU (--smoke runs it tiny on the CPU)")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

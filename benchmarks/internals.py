@@ -32,11 +32,11 @@ import os
 import platform
 import statistics
 import time
+from typing import TYPE_CHECKING
 
-import torch
-from transformers import BertConfig, BertForSequenceClassification
-
-from captum_attnflow import ALTI, AttnLRP, GradientWeightedRollout, ValueZeroing
+# The heavy imports are in the functions that use them, so that --help answers at once.
+if TYPE_CHECKING:
+    from transformers import BertConfig
 
 
 def seconds(call) -> float:
@@ -67,6 +67,8 @@ def report(times: dict[str, list[float]], baseline: str) -> None:
 def transformed_vectors_floor(config: BertConfig, n: int, rows: int = 16):
     """A call that computes every layer's :math:`T_i(x_j)` (n, n, D) with ``torch.bmm`` over
     blocks of ``rows`` query rows: (n_j, rows, H) weights @ (n_j, H, D) projected values."""
+    import torch
+
     heads, size, layers = config.num_attention_heads, config.hidden_size, config.num_hidden_layers
     weights = torch.softmax(torch.randn(n, n, heads), 1)  # (n_j, n_i, H)
     projected = torch.randn(n, heads, size)  # (n_j, H, D)
@@ -87,6 +89,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats (default 3)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     args = parser.parse_args()
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from captum_attnflow import ALTI, AttnLRP, GradientWeightedRollout, ValueZeroing
+
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "

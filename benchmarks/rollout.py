@@ -22,11 +22,6 @@ import argparse
 import statistics
 import time
 
-import torch
-from transformers import BertConfig, BertModel
-
-from captum_attnflow.functional import rollout, rollout_rows
-
 
 def seconds(call) -> float:
     start = time.perf_counter()
@@ -40,6 +35,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="timed repeats of each (default 5)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     args = parser.parse_args()
+    import torch  # after the arguments: --help answers at once
+    from transformers import BertConfig, BertModel
+
+    from captum_attnflow.functional import rollout, rollout_rows
+
     if args.threads:
         torch.set_num_threads(args.threads)
 

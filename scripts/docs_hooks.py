@@ -30,6 +30,7 @@ PUBLIC_MODULES = (
     "captum_attnflow.visualize",
     "captum_attnflow.visualize.html",
     "captum_attnflow.visualize.forest",
+    "captum_attnflow.visualize.critical_difference",
     "captum_attnflow.explanation",
     "captum_attnflow.words",
     "captum_attnflow.saving",

@@ -1,10 +1,15 @@
 """Shared test helpers (not a test module): tiny randomly initialised transformers built from
-configs (no downloads), tiny classifiers and padded batches, and the evaluator set-up shared by the
-evaluator tests and their ``accelerate launch`` script. ``pytest``'s ``pythonpath`` puts this folder
-on the import path."""
+configs (no downloads), tiny classifiers and padded batches, the evaluator set-up shared by the
+evaluator tests and their ``accelerate launch`` script, and headless Chromium without network.
+``pytest``'s ``pythonpath`` puts this folder on the import path."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import tempfile
+
+import pytest
 import torch
 import transformers
 from torch import nn
@@ -61,6 +66,35 @@ def make_tiny_model(arch: str, attn_implementation: str | None = None, seed: int
     if attn_implementation is not None:
         config._attn_implementation = attn_implementation
     return MODEL_CLASSES[arch](config).eval()
+
+
+def make_lm(arch: str, vocab: int) -> torch.nn.Module:
+    """A tiny random language model of ``vocab`` tokens: causal (gpt2, llama, mistral with a sliding
+    window of 3) or encoder-decoder (t5, bart), in eval mode."""
+    torch.manual_seed(0)
+    if arch == "gpt2":
+        config = transformers.GPT2Config(vocab_size=vocab, n_embd=32, n_head=4, n_layer=3, n_positions=64,
+                                         bos_token_id=2, eos_token_id=3, pad_token_id=0)
+        return transformers.GPT2LMHeadModel(config).eval()
+    if arch == "llama":
+        config = transformers.LlamaConfig(vocab_size=vocab, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                                          intermediate_size=64, num_hidden_layers=3, max_position_embeddings=64,
+                                          bos_token_id=2, eos_token_id=3, pad_token_id=0)
+        return transformers.LlamaForCausalLM(config).eval()
+    if arch == "mistral":  # a sliding window shorter than the prompts
+        config = transformers.MistralConfig(vocab_size=vocab, hidden_size=32, num_attention_heads=4, num_key_value_heads=1,
+                                            intermediate_size=64, num_hidden_layers=3, max_position_embeddings=64,
+                                            sliding_window=3, bos_token_id=2, eos_token_id=3, pad_token_id=0)
+        return transformers.MistralForCausalLM(config).eval()
+    if arch == "t5":
+        config = transformers.T5Config(vocab_size=vocab, d_model=16, d_kv=4, d_ff=32, num_layers=2, num_heads=2,
+                                       decoder_start_token_id=0, eos_token_id=3, pad_token_id=0)
+        return transformers.T5ForConditionalGeneration(config).eval()
+    config = transformers.BartConfig(vocab_size=vocab, d_model=16, encoder_layers=2, decoder_layers=2,
+                                     encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+                                     decoder_ffn_dim=32, max_position_embeddings=32, decoder_start_token_id=2,
+                                     bos_token_id=2, eos_token_id=3, pad_token_id=0, forced_eos_token_id=None)
+    return transformers.BartForConditionalGeneration(config).eval()
 
 
 # Two unpadded examples of six tokens for the tiny models.
@@ -237,3 +271,21 @@ def seq2seq_batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Ten
     decoder = torch.tensor([[2, 13, 14, 15], [2, 16, 1, 1]])
     decoder_mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
     return source, source_mask, decoder, decoder_mask, written
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+needs_browser = pytest.mark.skipif(
+    CHROMIUM is None, reason="no Chromium on PATH (apt-get install chromium; .ci/run installs it)"
+)
+
+
+def browser(*args: str) -> str:
+    """Run headless Chromium on ``args`` (e.g. ``--dump-dom`` and a ``file://`` address) with the
+    network off (no host name resolves, no background requests) and a fresh profile; its stdout."""
+    with tempfile.TemporaryDirectory() as profile:
+        command = [
+            CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--disable-background-networking",
+            "--no-first-run", "--disable-component-update", "--disable-sync", "--host-resolver-rules=MAP * ~NOTFOUND",
+            f"--user-data-dir={profile}", *args,
+        ]
+        return subprocess.run(command, capture_output=True, text=True, timeout=120, check=True).stdout

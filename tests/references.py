@@ -34,8 +34,9 @@ import math
 
 import torch
 
-POST_LN = {"bert", "roberta", "distilbert", "electra"}
-CAUSAL = {"gpt2", "llama", "qwen3", "qwen3_moe", "mixtral", "clip_text_model", "gemma2", "gemma3_text", "olmo2"}
+POST_LN = {"bert", "roberta", "distilbert", "electra", "deberta-v2", "mpnet"}
+CAUSAL = {"gpt2", "llama", "qwen3", "qwen3_moe", "mixtral", "clip_text_model", "gemma2", "gemma3_text", "olmo2", "bloom",
+          "falcon"}
 KINDS = {
     "bert": "bert",
     "roberta": "bert",
@@ -54,6 +55,10 @@ KINDS = {
     "captum_attnflow_agreement": "gpt2",
     "llama": "llama",
     "vit": "vit",
+    "deberta-v2": "deberta",
+    "mpnet": "mpnet",
+    "bloom": "bloom",
+    "falcon": "falcon",
 }
 
 
@@ -79,14 +84,17 @@ def _split_heads(x, heads):
     return x.view(B, n, heads, width // heads).transpose(1, 2)
 
 
-def _attention_probabilities(q, k, allowed, scale):
-    """softmax over keys of q kᵀ · scale, with disallowed keys at the most negative float64.
+def _attention_probabilities(q, k, allowed, scale, bias=None):
+    """softmax over keys of q kᵀ · scale (+ ``bias``, broadcast to (B, H, n, n)), with
+    disallowed keys at the most negative float64.
 
     q (B, H, n, dh), k (B, H, n, dh), allowed (B, n, n) bool. Disallowed keys get exactly 0 in
     every row that has an allowed key; a row with none (a left-padding query of a causal model)
     becomes uniform instead of NaN, as in transformers' eager attention, and is never used.
     """
     scores = torch.einsum("bhic,bhjc->bhij", q, k) * scale
+    if bias is not None:
+        scores = scores + bias
     scores = scores.masked_fill(~allowed[:, None], torch.finfo(torch.float64).min)
     scores = scores - scores.max(-1, keepdim=True).values
     weights = torch.exp(scores)
@@ -332,6 +340,156 @@ def _clip_layer(layer, config, x, allowed, zero_token=None, layer_index=0):
     return record
 
 
+def _owner(layer):
+    """The encoder holding ``layer`` (its relative-position tables), linked by :func:`recomputed_forward`."""
+    return layer.__dict__["_reference_encoder"]
+
+
+def _expand_heads(x, heads):
+    """(B, h, n, d) key or value heads -> (B, heads, n, d): query head h reads head h // (heads / h)."""
+    return x.repeat_interleave(heads // x.shape[1], dim=1)
+
+
+def _post_ln_finish(record, x, attn_out, ln1, intermediate, output):
+    """BERT's block after the attention: LN1(x + attention), then the feed-forward and LN2."""
+    pre_ln1 = x + attn_out
+    mid = _layer_norm(pre_ln1, ln1.weight, ln1.bias, ln1.eps)
+    ln2 = output.LayerNorm
+    out = _layer_norm(output.dense(intermediate(mid)) + mid, ln2.weight, ln2.bias, ln2.eps)
+    record.update(pre_ln1=pre_ln1, ln1=(ln1.weight, ln1.bias, ln1.eps), mid=mid, out=out)
+    return record
+
+
+def _deberta_layer(layer, config, x, allowed, zero_token=None, layer_index=0):
+    """DeBERTa-v2/v3: BERT's post-LN block whose scores add to q_i · k_j the content-to-position
+    term q_i · k^r_δ and the position-to-content term k_j · q^r_δ, δ = span + i - j (clamped to the
+    table), all over sqrt(dh (1 + number of terms)); k^r and q^r are the relative embeddings
+    (LayerNorm-ed) through the key and query projections (shared, or the position ones). Written
+    for inputs shorter than half the position buckets, where the buckets are the distances."""
+    heads, att = config.num_attention_heads, layer.attention.self
+    q, k = _split_heads(_linear(x, att.query_proj), heads), _split_heads(_linear(x, att.key_proj), heads)
+    v = _zero_token_value(_split_heads(_linear(x, att.value_proj), heads), zero_token)
+    terms = config.pos_att_type or []
+    scale = 1.0 / math.sqrt(q.shape[-1] * (1 + len(terms)))
+    encoder, n = _owner(layer), x.shape[1]
+    buckets = config.position_buckets
+    span = buckets if buckets > 0 else (config.max_relative_positions if config.max_relative_positions > 0
+                                        else config.max_position_embeddings)
+    assert buckets <= 0 or n < buckets // 2, "the reference writes out distances, not log buckets"
+    table = encoder.rel_embeddings.weight[: 2 * span]
+    if "layer_norm" in config.norm_rel_ebd:
+        table = _layer_norm(table, encoder.LayerNorm.weight, encoder.LayerNorm.bias, encoder.LayerNorm.eps)
+    share = config.share_att_key
+    delta = (torch.arange(n)[:, None] - torch.arange(n)[None] + span).clamp(0, 2 * span - 1)  # (n, n)
+    bias = torch.zeros(x.shape[0], heads, n, n, dtype=x.dtype)
+    if "c2p" in terms:
+        rel_k = _split_heads(_linear(table[None], att.key_proj if share else att.pos_key_proj), heads)[0]  # (H, 2 span, dh)
+        bias = bias + torch.einsum("bhic,hijc->bhij", q, rel_k[:, delta]) * scale
+    if "p2c" in terms:
+        rel_q = _split_heads(_linear(table[None], att.query_proj if share else att.pos_query_proj), heads)[0]
+        bias = bias + torch.einsum("bhjc,hijc->bhij", k, rel_q[:, delta]) * scale
+    A = _attention_probabilities(q, k, allowed, scale, bias)
+    record = {}
+    out = layer.attention.output
+    attn_out = _finish(record, x, A, v, _output_heads(out.dense.weight.T, heads), out.dense.bias)
+    return _post_ln_finish(record, x, attn_out, out.LayerNorm, layer.intermediate, layer.output)
+
+
+def _mpnet_layer(layer, config, x, allowed, zero_token=None, layer_index=0):
+    """MPNet: BERT's post-LN block whose scores add a learned bias per head and relative position
+    bucket, bucket(i, j) = 16 [j > i] + |i - j| (32 buckets: the distance itself below 8)."""
+    heads, att = config.num_attention_heads, layer.attention.attn
+    n = x.shape[1]
+    assert n <= 8, "the reference writes out the buckets of distances below 8"
+    i, j = torch.arange(n)[:, None], torch.arange(n)[None]
+    buckets = 16 * (j > i).long() + (i - j).abs()
+    bias = _owner(layer).relative_attention_bias.weight[buckets].permute(2, 0, 1)[None]  # (1, H, n, n)
+    q, k = _split_heads(_linear(x, att.q), heads), _split_heads(_linear(x, att.k), heads)
+    v = _zero_token_value(_split_heads(_linear(x, att.v), heads), zero_token)
+    A = _attention_probabilities(q, k, allowed, 1.0 / math.sqrt(q.shape[-1]), bias)
+    record = {}
+    attn_out = _finish(record, x, A, v, _output_heads(att.o.weight.T, heads), att.o.bias)
+    return _post_ln_finish(record, x, attn_out, layer.attention.LayerNorm, layer.intermediate, layer.output)
+
+
+def alibi_slopes(heads):
+    """ALiBi's slope of each head, 2^(-8 h / H) for h = 1..H (H a power of 2)."""
+    assert heads & (heads - 1) == 0, "the reference writes out ALiBi for a power of 2 heads"
+    return 2.0 ** (-8.0 * torch.arange(1, heads + 1, dtype=torch.float64) / heads)
+
+
+def _alibi(allowed, heads):
+    """(B, H, 1, n) ALiBi: each head's slope times the key's position among the real tokens."""
+    real = allowed.any(1)  # (B, n): keys some query may read
+    positions = (real.cumsum(-1) - 1) * real
+    return (alibi_slopes(heads)[None, :, None] * positions[:, None].double())[:, :, None]
+
+
+def _bloom_layer(layer, config, x, allowed, zero_token=None, layer_index=0):
+    """BLOOM: pre-LN, a fused projection of (H, 3, dh) queries, keys and values, scores
+    q kᵀ / sqrt(dh) plus ALiBi; the feed-forward adds its residual itself."""
+    heads = config.n_head
+    norm1 = layer.input_layernorm
+    a = _layer_norm(x, norm1.weight, norm1.bias, norm1.eps)
+    att = layer.self_attention
+    fused = _linear(a, att.query_key_value).view(*x.shape[:2], heads, 3, -1)
+    q, k, v = (fused[..., index, :].transpose(1, 2) for index in range(3))
+    v = _zero_token_value(v, zero_token)
+    A = _attention_probabilities(q, k, allowed, 1.0 / math.sqrt(q.shape[-1]), _alibi(allowed, heads))
+    record = {}
+    attn_out = _finish(record, x, A, v, _output_heads(att.dense.weight.T, heads), att.dense.bias)
+    residual = a if config.apply_residual_connection_post_layernorm else x
+    mid = residual + attn_out
+    norm2 = layer.post_attention_layernorm
+    normed = _layer_norm(mid, norm2.weight, norm2.bias, norm2.eps)
+    out = layer.mlp(normed, normed if config.apply_residual_connection_post_layernorm else mid)
+    record.update(mid=mid, out=out, residual=residual)
+    return record
+
+
+def _falcon_layer(layer, config, x, allowed, zero_token=None, layer_index=0):
+    """Falcon: a fused projection, laid out per key head as its queries then key and value
+    (new decoder architecture), as all queries then one key and value (multi-query), or as
+    (H, 3, dh); ALiBi (once: the model as sdpa computes it) or rotary positions; the
+    feed-forward beside the attention (parallel: on the block's input) or after it."""
+    heads = config.num_attention_heads
+    first = layer.ln_attn if hasattr(layer, "ln_attn") else layer.input_layernorm
+    a = _layer_norm(x, first.weight, first.bias, first.eps)
+    att = layer.self_attention
+    B, n, D = x.shape
+    dh = D // heads
+    fused = _linear(a, att.query_key_value)
+    if config.new_decoder_architecture:
+        kv = config.num_kv_heads
+        grouped = fused.view(B, n, kv, heads // kv + 2, dh)
+        q, k, v = grouped[..., :-2, :].reshape(B, n, heads, dh), grouped[..., -2, :], grouped[..., -1, :]
+    elif config.multi_query:
+        q, k, v = fused.view(B, n, heads + 2, dh).split([heads, 1, 1], dim=2)
+    else:
+        q, k, v = fused.view(B, n, heads, 3, dh).unbind(3)
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    if config.alibi:
+        bias = _alibi(allowed, heads) / math.sqrt(dh)
+    else:
+        theta = config.rope_parameters["rope_theta"]
+        q, k, bias = _rotary(q, torch.arange(n), theta), _rotary(k, torch.arange(n), theta), None
+    k, v = _expand_heads(k, heads), _zero_token_value(_expand_heads(v, heads), zero_token)
+    A = _attention_probabilities(q, k, allowed, 1.0 / math.sqrt(dh), bias)
+    record = {}
+    b_O = att.dense.bias if att.dense.bias is not None else torch.zeros(D, dtype=x.dtype)
+    attn_out = _finish(record, x, A, v, _output_heads(att.dense.weight.T, heads), b_O)
+    mid = x + attn_out
+    if hasattr(layer, "ln_mlp"):
+        out = mid + layer.mlp(_layer_norm(x, layer.ln_mlp.weight, layer.ln_mlp.bias, layer.ln_mlp.eps))
+    elif config.new_decoder_architecture or config.parallel_attn:
+        out = mid + layer.mlp(a)
+    else:
+        norm2 = layer.post_attention_layernorm
+        out = mid + layer.mlp(_layer_norm(mid, norm2.weight, norm2.bias, norm2.eps))
+    record.update(mid=mid, out=out)
+    return record
+
+
 LAYER_FUNCTIONS = {
     "clip": _clip_layer,
     "post_norm": _post_norm_layer,
@@ -341,6 +499,10 @@ LAYER_FUNCTIONS = {
     "gpt2": _gpt2_layer,
     "llama": _llama_layer,
     "vit": _vit_layer,
+    "deberta": _deberta_layer,
+    "mpnet": _mpnet_layer,
+    "bloom": _bloom_layer,
+    "falcon": _falcon_layer,
 }
 
 
@@ -364,8 +526,10 @@ def layers_of(model):
     """The model's transformer layers, in order."""
     base = model.base_model
     kind = KINDS[model_kind(model)]
-    if kind == "bert":
+    if kind in ("bert", "deberta", "mpnet"):
         return list(base.encoder.layer)
+    if kind in ("bloom", "falcon"):
+        return list(base.h)
     if kind == "distilbert":
         return list(base.transformer.layer)
     if kind == "gpt2":
@@ -429,10 +593,12 @@ def recomputed_forward(model64, inputs, attention_mask, requires_grad=False):
                 state["allowed"] = _allowed_keys(model_type, real, n)
             record = layer_function(module, model64.config, x, state["allowed"], layer_index=index)
             records.append(record)
-            return record["out"]
+            return (record["out"], *output[1:]) if isinstance(output, tuple) else record["out"]
 
         return hook
 
+    for layer in layers_of(model64):
+        layer.__dict__["_reference_encoder"] = model64.base_model.encoder if hasattr(model64.base_model, "encoder") else None
     handles = [
         layer.register_forward_hook(replace_output(index), with_kwargs=True)
         for index, layer in enumerate(layers_of(model64))
@@ -554,7 +720,7 @@ def transformed_vectors(record) -> torch.Tensor:
     v^h_j is the value vector (value bias included; for pre-LN models the input norm is inside it,
     being token-local). The output bias b_O is not in it (ALTI puts it in y_i only)."""
     T = weighted_value_vectors(record)
-    x = record["x"]
+    x = record.get("residual", record["x"])  # what the attention's output is added to
     for i in range(x.shape[1]):
         T[:, i, i] = T[:, i, i] + x[:, i]
     return T

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from captum_attnflow import AttentionRollout, extract_attentions
-from captum_attnflow.benchmark import TASKS, run_benchmark
+from captum_attnflow.benchmark import TASKS, BenchmarkResult, run_benchmark
 from captum_attnflow.benchmark.runner import _attribute
 from captum_attnflow.benchmark.tasks import sentence_pairs
 from captum_attnflow.data import CHUNK_TAGS
@@ -115,14 +115,39 @@ def test_a_small_leaderboard_ranks_methods_on_every_task_and_resumes(tmp_path):
     assert {"leaderboard_agreement.png", "leaderboard_chunking.png", "report.html"} <= {path.name for path in paths}
     assert Leaderboard.load(tmp_path / "out" / "leaderboard.json") == result.leaderboard
     report = (tmp_path / "out" / "report.html").read_text()
-    assert report.count("data:image/png;base64,") == 2 and report.count('<div class="caf-view"') == 4  # 2 examples a task
+    # the diagram across the tasks and one figure per task; 2 examples a task
+    assert report.count("data:image/png;base64,") == 3 and report.count('<div class="caf-view"') == 4
+    across = result.critical_difference()
+    assert across.blocks == metrics  # every metric of every task is a block
+    assert set(across.names) == {"rollout (last layer)", "rollout (best layer)", "saliency", "random"}
+    assert "critical_difference.png" in {path.name for path in paths} and "Across the tasks" in result.to_markdown()
     assert resumed.shown == {"agreement": [], "chunking": []}  # resumed past the first batch: nothing to show
     table = result.leaderboard.to_markdown().split("chunking: comprehensiveness")[1]
-    order = result.leaderboard.ranking("chunking: comprehensiveness").by_rank()
+    order = result.leaderboard.ranking("chunking: comprehensiveness").names
     listed = [line.split(" | ")[0].lstrip("| ") for line in table.splitlines() if line.startswith("| ") and "---" not in line][1:5]
-    assert listed == order  # tables by rank, best first
+    assert listed == order  # tables by mean, best first
 
 
 def test_unknown_names_are_refused_with_the_known_ones():
     with pytest.raises(ValueError, match="methods are .*alti.*tasks are agreement, lm, similarity, chunking"):
         run_benchmark(tasks=["sst2"], methods=["lime"])
+
+
+def test_the_diagram_across_tasks_takes_every_task_and_one_name_per_method():
+    """Entries of different depths (rollout L6, rollout L4) and the context task's rows (rollout
+    through the wrapper, at the last layer) are one method; what some task lacks is left out."""
+    rng = np.random.default_rng(0)
+    entries = {
+        "agreement: comprehensiveness": ["rollout L6", "rollout, best L2", "attnlrp", "saliency", "random"],
+        "chunking: comprehensiveness": ["rollout L4", "rollout, best L1", "attnlrp", "saliency", "random"],
+        "context: lds": ["rollout", "attnlrp", "leave-one-out", "random"],
+    }
+    values = {(name, metric, None): rng.normal(0.5 - 0.1 * i, 0.05, 8) for metric, names in entries.items()
+              for i, name in enumerate(names)}
+    board = Leaderboard(values, higher_is_better=dict.fromkeys(entries, True), n_resamples=99)
+    result = BenchmarkResult(board, {}, {"agreement": 8, "chunking": 8, "context": 8})
+    across = result.critical_difference()
+    assert across.blocks == list(entries)
+    assert sorted(across.names) == ["attnlrp", "random", "rollout (last layer)"]
+    assert sorted(across.left_out) == ["leave-one-out", "rollout (best layer)", "saliency"]
+    assert across.average_ranks["rollout (last layer)"] == 1.0 and across.average_ranks["random"] == 3.0

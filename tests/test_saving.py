@@ -6,6 +6,7 @@ import zipfile
 
 import numpy as np
 import pytest
+import safetensors.numpy
 import torch
 
 from captum_attnflow.attr import LLMAttentionAttributionResult
@@ -87,3 +88,55 @@ def test_newer_format_and_other_kinds_are_refused(tmp_path):
     (tmp_path / "other.json").write_text("[1, 2]")
     with pytest.raises(ValueError, match="not a saved captum_attnflow result"):
         ExplanationResult.load(tmp_path / "other.json")
+
+
+def _overwrite(path, data):
+    path.write_bytes(data(path.read_bytes()))
+
+
+def _rezip(path, members):
+    with zipfile.ZipFile(path) as archive:
+        kept = {name: archive.read(name) for name in archive.namelist()}
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, data in members(kept).items():
+            archive.writestr(name, data)
+
+
+_OTHER_ARRAYS = safetensors.numpy.save({"other": np.ones(2)})
+_DAMAGE = {  # how a saved pair or zip gets damaged -> (which file is named, what the message says)
+    "overwritten": (lambda files: _overwrite(files[1], lambda data: b"x" * len(data)), 1, "is damaged"),
+    "truncated": (lambda files: _overwrite(files[1], lambda data: data[: len(data) // 2]), 1, "is damaged"),
+    "header only": (lambda files: _overwrite(files[1], lambda data: data[:5]), 1, "is damaged"),
+    "empty": (lambda files: _overwrite(files[1], lambda data: b""), 1, "is damaged"),
+    "other arrays": (lambda files: _overwrite(files[1], lambda data: _OTHER_ARRAYS), 1, r"holds the arrays \['other'\], not the"),
+    "JSON overwritten": (lambda files: _overwrite(files[0], lambda data: b"\xff" * len(data)), 0, "not JSON"),
+    "zip truncated": (lambda files: _overwrite(files[0], lambda data: data[: len(data) // 2]), 0, "damaged or truncated zip"),
+    "zip without arrays": (lambda files: _rezip(files[0], lambda kept: {"result.json": kept["result.json"]}), 0, "damaged zip"),
+    "zip arrays overwritten": (
+        lambda files: _rezip(files[0], lambda kept: {**kept, "arrays.safetensors": b"x" * 100}), 0, r"\(arrays.safetensors\) is damaged",
+    ),
+    "zip arrays other": (
+        lambda files: _rezip(files[0], lambda kept: {**kept, "arrays.safetensors": _OTHER_ARRAYS}), 0, "holds the arrays",
+    ),
+}
+
+
+@pytest.mark.parametrize("damage", list(_DAMAGE))
+def test_a_damaged_file_is_a_value_error_naming_it(tmp_path, damage):
+    spoil, named, message = _DAMAGE[damage]
+    for index, result in enumerate(_results()):
+        files = result.save(tmp_path / f"result{index}", compress=damage.startswith("zip"))
+        spoil(files)
+        with pytest.raises(ValueError, match=message) as caught:
+            type(result).load(files[0])
+        assert type(caught.value) is ValueError, caught.value  # not a UnicodeDecodeError or a library's own error
+        assert str(files[named]) in str(caught.value)
+        assert damage == "JSON overwritten" or "save the result again" in str(caught.value)
+
+
+@pytest.mark.parametrize("data", [b"x" * 100, b"PK\x03\x04" + b"x" * 100, b""], ids=["bytes", "zip start", "empty"])
+def test_a_damaged_npz_archive_is_a_value_error_that_does_not_suggest_pickle(tmp_path, data):
+    (tmp_path / "scores.npz").write_bytes(data)
+    with pytest.raises(ValueError, match="scores.npz is not a numpy archive that ComparisonResult.save wrote") as caught:
+        ComparisonResult.load(tmp_path / "scores.npz")
+    assert "pickle" not in str(caught.value)

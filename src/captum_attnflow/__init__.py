@@ -18,6 +18,7 @@ _EXPORTS = {
     "AttnLRP": "captum_attnflow.attr",
     "ExplanationResult": "captum_attnflow.explanation",
     "aggregate_words": "captum_attnflow.words",
+    "context_prompt": "captum_attnflow.data",
     "GradientWeightedRollout": "captum_attnflow.attr",
     "ImageTextSimilarity": "captum_attnflow.hf",
     "ValueZeroing": "captum_attnflow.attr",
@@ -28,6 +29,7 @@ _EXPORTS = {
     "extract_attentions": "captum_attnflow.capture",
     "load_agreement_lm": "captum_attnflow.models",
     "load_agreement_model": "captum_attnflow.models",
+    "split_sources": "captum_attnflow.data",
 }
 
 __all__ = sorted(_EXPORTS)

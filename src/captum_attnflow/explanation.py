@@ -155,7 +155,7 @@ class ExplanationResult:
         """Read a result written by :meth:`save` (example there).
 
         Raises:
-            ValueError: not such a file, or one of a newer format version.
+            ValueError: not such a file (a damaged one included), or one of a newer format version.
         """
         fields, arrays = load_result(path, _KIND)
         scores = {name: torch.from_numpy(arrays[f"scores/{index}"]) for index, name in enumerate(fields["methods"])}

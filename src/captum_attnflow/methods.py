@@ -118,6 +118,12 @@ def attention_methods() -> tuple[str, ...]:
     return tuple(name for name, method in METHODS.items() if method.per_layer)
 
 
+def generated_text_methods() -> tuple[str, ...]:
+    """The names of the methods :class:`~captum_attnflow.LLMAttentionAttribution` wraps, which
+    explain generated text: the attention methods and AttnLRP."""
+    return (*attention_methods(), "attnlrp")
+
+
 def paper_methods() -> tuple[str, ...]:
     """The paper's three methods, computed from attention weights alone: ``("raw", "rollout", "flow")``."""
     return tuple(name for name, method in METHODS.items() if method.from_attentions)

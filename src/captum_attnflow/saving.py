@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import zipfile
+import zlib
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -27,6 +28,7 @@ import numpy as np
 FORMAT = "captum_attnflow"
 FORMAT_VERSION = 1
 _JSON, _ARRAYS = "result.json", "arrays.safetensors"
+_DAMAGED = "save the result again, or restore the files that save wrote from a copy."
 
 
 def save_result(
@@ -91,22 +93,42 @@ def load_result(path: str | Path, kind: str) -> tuple[dict, dict[str, np.ndarray
     Raises:
         FileNotFoundError: nothing saved at ``path``; the message names the files looked for.
         ValueError: not such a file, a file of another kind, one of a newer format version
-            (update captum_attnflow to read it), or a name that both a JSON and a zip file
-            were saved under (name one of them).
+            (update captum_attnflow to read it), a name that both a JSON and a zip file
+            were saved under (name one of them), or a damaged file: a zip or a safetensors file
+            that cannot be read (overwritten, truncated, empty) or that holds other arrays than
+            the JSON lists.
     """
-    from safetensors.numpy import load
-
     path = saved_file(path)
+    text, blob, arrays_file = _read(path)
+    header = _header(text, path, kind)
+    names = header["arrays"]
+    if not names:
+        return header["fields"], {}
+    if blob is None:
+        raise ValueError(f"{path}: its arrays file {arrays_file} is missing; keep the two files together.")
+    return header["fields"], _arrays(blob, names, arrays_file, path)
+
+
+def _read(path: Path) -> tuple[bytes, bytes | None, str]:
+    """The JSON text, the safetensors bytes (None when the file beside is missing) and the name of
+    where the arrays are, of the zip or the JSON file at ``path``."""
     if zipfile.is_zipfile(path):
-        with zipfile.ZipFile(path) as archive:
-            text, blob = archive.read(_JSON).decode(), archive.read(_ARRAYS)
-    else:
-        text = path.read_text()
-        beside = path.with_suffix(".safetensors")
-        blob = beside.read_bytes() if beside.exists() else None
+        try:
+            with zipfile.ZipFile(path) as archive:
+                return archive.read(_JSON), archive.read(_ARRAYS), f"{path} ({_ARRAYS})"
+        except (zipfile.BadZipFile, KeyError, EOFError, zlib.error) as error:
+            raise ValueError(f"{path} is a damaged zip archive ({error}): {_DAMAGED}") from None
+    beside = path.with_suffix(".safetensors")
+    return path.read_bytes(), beside.read_bytes() if beside.is_file() else None, str(beside)
+
+
+def _header(text: bytes, path: Path, kind: str) -> dict:
+    """The checked JSON header: this format, a version this package reads, ``kind``."""
+    if text.startswith(b"PK\x03\x04"):  # a zip that is_zipfile refused: its directory, at the end, is gone
+        raise ValueError(f"{path} is a damaged or truncated zip archive: {_DAMAGED}")
     try:
-        header = json.loads(text)
-    except json.JSONDecodeError as error:
+        header = json.loads(text.decode())
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ValueError(f"{path} is not a saved captum_attnflow result (not JSON: {error}).") from None
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise ValueError(f"{path} is not a saved captum_attnflow result (no \"format\": \"{FORMAT}\" in it).")
@@ -118,11 +140,27 @@ def load_result(path: str | Path, kind: str) -> tuple[dict, dict[str, np.ndarray
         )
     if header.get("kind") != kind:
         raise ValueError(f"{path} holds a {header.get('kind')}, not a {kind}: load it with {header.get('kind')}.load.")
-    names = header.get("arrays", [])
-    if names and blob is None:
-        raise ValueError(f"{path}: its arrays file {path.with_suffix('.safetensors')} is missing; keep the two files together.")
-    arrays = load(blob) if names else {}
-    return header["fields"], arrays
+    if not isinstance(header.get("fields"), dict) or not isinstance(header.get("arrays"), list):
+        raise ValueError(f"{path} is damaged (its \"fields\" or \"arrays\" entry is missing): {_DAMAGED}")
+    return header
+
+
+def _arrays(blob: bytes, names: list[str], arrays_file: str, path: Path) -> dict[str, np.ndarray]:
+    """The arrays of the safetensors bytes ``blob``, which must hold exactly the ``names`` the JSON
+    lists. safetensors reads data only (a JSON header and raw bytes): nothing in the file is run."""
+    from safetensors import SafetensorError
+    from safetensors.numpy import load
+
+    try:
+        arrays = load(blob)
+    except SafetensorError as error:
+        raise ValueError(f"{arrays_file} is damaged (not a safetensors file: {error}): {_DAMAGED}") from None
+    if sorted(arrays) != sorted(names):
+        raise ValueError(
+            f"{arrays_file} holds the arrays {sorted(arrays)}, not the {sorted(names)} that {path} lists: "
+            f"the two files come from different saves; {_DAMAGED}"
+        )
+    return arrays
 
 
 def saved_file(path: str | Path) -> Path:

@@ -28,22 +28,28 @@ _MORE = {
     "gpt2": dict(n_embd=32, n_head=4, n_layer=2, n_positions=64), "llama": dict(num_key_value_heads=2),
     "mistral": dict(num_key_value_heads=2, sliding_window=4), "qwen2": dict(num_key_value_heads=2),
     "clip_text_model": dict(eos_token_id=2), "siglip_text_model": {},
+    # attention in their own modules: DeBERTa-v3's relative attention, Falcon-40B's layout
+    "deberta-v2": dict(relative_attention=True, pos_att_type=["p2c", "c2p"], position_biased_input=False,
+                       position_buckets=256, norm_rel_ebd="layer_norm", share_att_key=True, type_vocab_size=0),
+    "mpnet": {}, "bloom": dict(n_embed=32, n_head=4, n_layer=2),
+    "falcon": dict(new_decoder_architecture=True, num_kv_heads=2),
 }
 _VISION = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, image_size=16,
                patch_size=8, initializer_range=0.2, num_labels=3)
 _MIXTURES = {"mixtral", "qwen3_moe"}
-_CAUSAL = {"gpt2", "llama", "mistral", "qwen2"}
+_CAUSAL = {"gpt2", "llama", "mistral", "qwen2", "bloom", "falcon"}
+_TOWERS = {"dinov2": transformers.Dinov2Config, "clip_vision_model": transformers.CLIPVisionConfig}
 
 
 class _Pooled(torch.nn.Module):
-    """A text tower's pooled output (B, D) as the scores (the explained one: the largest)."""
+    """A tower's pooled output (B, D) as the scores (the explained one: the largest)."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids).pooler_output
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.model(inputs).pooler_output
 
 
 class _Similarity(torch.nn.Module):
@@ -72,10 +78,13 @@ def _random_biases(model: torch.nn.Module) -> torch.nn.Module:
 def _tiny(model_type: str) -> tuple[torch.nn.Module, torch.Tensor]:
     """The tiny random model of ``model_type`` (float64) and its inputs: 4 sequences of 9 tokens, or 4 images."""
     torch.manual_seed(0)
+    images = torch.randn(4, 3, 16, 16, generator=torch.Generator().manual_seed(0)).double()
     if model_type in ("vit", "deit"):
         config = transformers.AutoConfig.for_model(model_type, **_VISION)
         model = transformers.AutoModelForImageClassification.from_config(config)
-        return _random_biases(model), torch.randn(4, 3, 16, 16, generator=torch.Generator().manual_seed(0)).double()
+        return _random_biases(model), images
+    if model_type in _TOWERS:
+        return _Pooled(_random_biases(transformers.AutoModel.from_config(_TOWERS[model_type](**_VISION)))), images
     ids = torch.randint(5, 60, (4, 9), generator=torch.Generator().manual_seed(0))
     if model_type in FAMILIES:
         extra = dict(experts_implementation="eager") if model_type in _MIXTURES else {}
@@ -124,10 +133,10 @@ def shares_table() -> str:
     """The markdown table of docs/methods/attnlrp.md: for each family of the architecture table
     that AttnLRP supports, the shares of the explained score on its tiny random model (the
     predicted token at the last position of a decoder, the predicted class of a classifier, the
-    largest pooled output of a text tower), then the trained models."""
+    largest pooled output of a tower), then the trained models."""
     rows = []
     for family, types in NAMES.items():
-        if not ARCHITECTURES.get(types[0]) or not ARCHITECTURES[types[0]].lrp or types[0].startswith("captum_attnflow"):
+        if not ARCHITECTURES.get(types[0]) or types[0].startswith("captum_attnflow"):
             continue
         model, inputs = _tiny(types[0])
         shares = AttnLRP(model).shares(inputs)

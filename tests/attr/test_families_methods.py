@@ -13,6 +13,7 @@ import pytest
 import torch
 import transformers
 from families import DECODERS, family_config, family_inputs
+from lrp_reference import attnlrp_reference
 from references import (
     alti_reference,
     attention_norm_reference,
@@ -244,7 +245,8 @@ def test_returned_probabilities_give_what_the_interface_gives(monkeypatch):
     ids, mask = family_inputs("right", n=7)
     expected = GradientWeightedRollout(model, lean=False).attribute(ids, target=[0, 2, 1], attention_mask=mask, layer=None)
     # the model's attention now bypasses the capture
-    monkeypatch.setattr("captum_attnflow.capture.internals.implementation", lambda module, name: contextlib.nullcontext())
+    monkeypatch.setattr("captum_attnflow.capture.internals.implementation",
+                        lambda module, name: contextlib.nullcontext(lambda hf_model: hf_model.config._attn_implementation))
     ours = GradientWeightedRollout(model, lean=False).attribute(ids, target=[0, 2, 1], attention_mask=mask, layer=None)
     torch.testing.assert_close(ours, expected, atol=1e-6, rtol=0)
     with pytest.raises(ValueError, match="ran no attention through"):
@@ -273,9 +275,49 @@ def test_clip_towers_match_reference(model_type, maps_of, reference):
     torch.testing.assert_close(maps_of(model, inputs, None, mask), reference(model, inputs, mask).float(), atol=2e-5, rtol=0)
 
 
-def test_attnlrp_refuses_a_vision_tower_whose_patches_no_module_returns():
-    with pytest.raises(ValueError, match="token embeddings are not a module's output"):
-        AttnLRP(_tower("clip_vision_model")).attribute(torch.randn(1, 3, 16, 16), target=0)
+class _Pooled(torch.nn.Module):
+    """A vision tower's pooled output (B, D), whose features AttnLRP explains as a classifier's classes."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return self.model(pixel_values).pooler_output
+
+
+@pytest.mark.parametrize("model_type", ["dinov2", "clip_vision_model", "siglip_vision_model"])
+def test_attnlrp_on_vision_towers_matches_explicit_relevance_propagation(model_type):
+    """The relevance lands on the patch embedding's output (CLIP's and SigLIP's a convolution's,
+    flattened) and the class token; SigLIP's pooling head (a probe's nn.MultiheadAttention) takes
+    the uniform rule on its products. DINOv2's and CLIP's books are the reference's (SigLIP's
+    probe and in-projection biases are not booked: the reference's probe is a sink)."""
+    torch.manual_seed(0)
+    common = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, image_size=16,
+                  patch_size=8, initializer_range=0.2)
+    if model_type == "dinov2":
+        model = transformers.Dinov2Model(transformers.Dinov2Config(**common, layerscale_value=0.7))
+    elif model_type == "clip_vision_model":
+        model = transformers.CLIPVisionModel(transformers.CLIPVisionConfig(**common))
+    else:
+        model = transformers.SiglipVisionModel(transformers.SiglipVisionConfig(**common))
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # nonzero biases, a layer scale that differs by channel
+        for name, parameter in model.named_parameters():
+            if name.endswith("bias") or "lambda1" in name:
+                parameter.add_(0.2 * torch.randn(parameter.shape, generator=generator))
+    pixels, target = torch.randn(3, 3, 16, 16, generator=generator), torch.tensor([0, 5, 11])
+    expected, ledgers = attnlrp_reference(model.eval(), pixels, target)
+    explained = _Pooled(model.double())
+    ours = AttnLRP(explained).attribute(pixels.double(), target=target)
+    assert ours.shape == expected.shape == (3, 4 if model_type == "siglip_vision_model" else 5)
+    torch.testing.assert_close(ours, expected, atol=1e-10, rtol=0)
+    if model_type != "siglip_vision_model":
+        shares = AttnLRP(explained).shares(pixels.double(), target=target)
+        for b, ledger in enumerate(ledgers):
+            books = [ledger[kind] for kind in ("logit", "token", "other", "bias", "softmax")]
+            assert [float(shares[kind][b]) for kind in ("score", "tokens", "other_embeddings", "biases", "softmax")] == \
+                pytest.approx(books, abs=1e-10)
 
 
 # Norms (Gemma 2/3, OLMo 2) or a layer scale (DINOv2) on the attention's output before the

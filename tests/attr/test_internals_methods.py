@@ -160,9 +160,7 @@ def test_rows_are_non_negative_and_sum_to_one(method):
 
 def test_unsupported_model_names_the_supported_ones():
     torch.manual_seed(0)
-    model = transformers.MPNetModel(transformers.MPNetConfig(
-        vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-    ))
+    model = transformers.XLNetModel(transformers.XLNetConfig(vocab_size=60, d_model=32, n_layer=2, n_head=4, d_inner=64))
     with pytest.raises(ValueError, match="knows the model types .*'bert'"):
         ALTI(model.eval()).attribute(torch.tensor([[1, 2, 3]]))
 

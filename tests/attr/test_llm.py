@@ -28,6 +28,7 @@ from captum_attnflow.functional.encoder_decoder import (
     encoder_decoder_rollout,
 )
 from captum_attnflow.models.language_model import build_lm_tokenizer
+from helpers import make_lm
 
 matplotlib.use("Agg")
 
@@ -40,33 +41,6 @@ PROMPT, TARGET = "the keys to the cabinet", "are ."
 @pytest.fixture(scope="module")
 def tokenizer():
     return build_lm_tokenizer()
-
-
-def make_lm(arch: str, vocab: int) -> torch.nn.Module:
-    torch.manual_seed(0)
-    if arch == "gpt2":
-        config = transformers.GPT2Config(vocab_size=vocab, n_embd=32, n_head=4, n_layer=3, n_positions=64,
-                                         bos_token_id=2, eos_token_id=3, pad_token_id=0)
-        return transformers.GPT2LMHeadModel(config).eval()
-    if arch == "llama":
-        config = transformers.LlamaConfig(vocab_size=vocab, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
-                                          intermediate_size=64, num_hidden_layers=3, max_position_embeddings=64,
-                                          bos_token_id=2, eos_token_id=3, pad_token_id=0)
-        return transformers.LlamaForCausalLM(config).eval()
-    if arch == "mistral":  # a sliding window shorter than the prompts
-        config = transformers.MistralConfig(vocab_size=vocab, hidden_size=32, num_attention_heads=4, num_key_value_heads=1,
-                                            intermediate_size=64, num_hidden_layers=3, max_position_embeddings=64,
-                                            sliding_window=3, bos_token_id=2, eos_token_id=3, pad_token_id=0)
-        return transformers.MistralForCausalLM(config).eval()
-    if arch == "t5":
-        config = transformers.T5Config(vocab_size=vocab, d_model=16, d_kv=4, d_ff=32, num_layers=2, num_heads=2,
-                                       decoder_start_token_id=0, eos_token_id=3, pad_token_id=0)
-        return transformers.T5ForConditionalGeneration(config).eval()
-    config = transformers.BartConfig(vocab_size=vocab, d_model=16, encoder_layers=2, decoder_layers=2,
-                                     encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
-                                     decoder_ffn_dim=32, max_position_embeddings=32, decoder_start_token_id=2,
-                                     bos_token_id=2, eos_token_id=3, pad_token_id=0, forced_eos_token_id=None)
-    return transformers.BartForConditionalGeneration(config).eval()
 
 
 @pytest.fixture(scope="module", params=["gpt2", "llama"])

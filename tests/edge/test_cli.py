@@ -112,7 +112,7 @@ def test_explain_all_methods_at_one_layer(model_dir, tmp_path, monkeypatch, caps
         if name in ("attnlrp", "blankout"):
             assert image.get_cmap().name == "RdBu_r" and low == -high == -abs(values).max(), name
         else:
-            assert image.get_cmap().name == "Blues" and (low, high) == (values.min(), values.max()), name
+            assert image.get_cmap().name == "Reds" and (low, high) == (values.min(), values.max()), name
 
 
 @pytest.mark.parametrize("method", ["rollout", "flow"])

@@ -127,6 +127,24 @@ def test_placement_errors_are_clear(arguments, message, tmp_path, capsys):
     assert error.startswith("captum-attnflow explain: error:") and message in error
 
 
+def test_a_device_this_torch_cannot_use_is_refused_before_the_heavy_imports():
+    """A misspelt name before torch is imported, a CUDA device with torch alone (CUDA hidden, so
+    also on a GPU machine): transformers, Captum and matplotlib are never loaded."""
+    script = (
+        "import sys\n"
+        "from captum_attnflow.cli import main\n"
+        "heavy = ('torch', 'transformers', 'captum', 'matplotlib', 'captum_attnflow.hf')\n"
+        "for device in ('gpu', 'cuda:1'):\n"
+        f"    code = main(['explain', {SENTENCE!r}, '--device', device])\n"
+        "    print(code, [name for name in heavy if name in sys.modules])\n"
+    )
+    environment = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=environment)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["1 []", "1 ['torch']"]
+    assert "unknown device 'gpu'" in done.stderr and "device 'cuda:1': torch sees no CUDA device" in done.stderr
+
+
 def test_a_bad_dtype_name_is_an_argument_error(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["generate", SENTENCE, "--dtype", "fp16"])

@@ -2,28 +2,16 @@
 reads the DOM after scripts ran and a screenshot."""
 
 import re
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
 import torch
+from helpers import browser, needs_browser
 
 from captum_attnflow.attr import LLMAttentionAttributionResult
 from captum_attnflow.cli import main
 from captum_attnflow.explanation import ExplanationResult
 from captum_attnflow.visualize.html import NEGATIVE, PALETTES, POSITIVE, colour
-
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-needs_browser = pytest.mark.skipif(
-    CHROMIUM is None, reason="no Chromium on PATH (apt-get install chromium; .ci/run installs it)"
-)
-
-
-def _browser(*args: str) -> str:
-    command = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=120, check=True).stdout
-
 
 def _cells(dom: str) -> list[dict]:
     pattern = re.compile(r'<td class="caf-cell" style="background-color:rgb\((\d+),(\d+),(\d+)\)[^"]*" '
@@ -39,12 +27,30 @@ def test_colour_is_monotone_in_the_score_and_diverges_at_zero():
     assert colour(0.0, 1.0) == (255, 255, 255) and colour(5, 1) == POSITIVE and colour(-5, 1) == NEGATIVE
 
 
+def _legends(page: str) -> list[tuple[float, list[tuple[int, ...]], float]]:
+    """Each legend's low number, its gradient's colour stops and its high number."""
+    pattern = re.compile(r'<div class="caf-legend"><span>([^<]+)</span><span class="caf-bar" '
+                         r'style="background:linear-gradient\(to right, ([^"]+)\)"></span><span>([^<]+)</span>')
+    stops = re.compile(r"rgb\((\d+), (\d+), (\d+)\)")
+    return [(float(low), [tuple(map(int, stop)) for stop in stops.findall(bar)], float(high)) for low, bar, high in pattern.findall(page)]
+
+
+def test_the_legend_starts_at_zero_unless_a_score_is_negative():
+    weights = torch.tensor([[0.2, 0.1, 0.3], [0.1, 0.5, 0.4]])  # raw attention, rollout, flow: never below 0
+    relevance = torch.tensor([0.1, -0.8, 0.4])
+    page = ExplanationResult(["the", "keys", "are"], {"rollout": weights, "attnlrp": relevance}).to_html()
+    white = (255, 255, 255)
+    assert _legends(page) == [(0.0, [white, colour(0.5, 0.5)], 0.5), (-0.8, [NEGATIVE, white, POSITIVE], 0.8)]
+    scores = {(cell["row"], cell["token"]): cell for cell in _cells(page)}
+    assert scores[("L2", "keys")]["rgb"] == POSITIVE and scores[("attnlrp", "keys")]["rgb"] == NEGATIVE
+
+
 @needs_browser
 def test_explain_html_renders_in_chromium(tmp_path):
     page, shot = tmp_path / "view.html", tmp_path / "view.png"
     assert main(["explain", "the keys to the cabinet", "--method", "gradient_rollout", "--out", str(tmp_path / "x.png"),
                  "--html", str(page)]) == 0
-    dom = _browser("--dump-dom", page.as_uri())
+    dom = browser("--dump-dom", page.as_uri())
     assert 'data-ready="1"' in dom  # the page's script ran in the browser
     cells = _cells(dom)
     tokens = ["[CLS]", "the", "keys", "to", "the", "cabinet"]
@@ -59,7 +65,7 @@ def test_explain_html_renders_in_chromium(tmp_path):
     assert all(cell["title"] == f"{cell['token']}: {cell['score']:.4f}" for cell in cells)  # the hover text
     # the display convention: the explained [CLS] without the identity's 1 (R - I), so not the darkest
     assert max(c["score"] for c in cells if c["row"] == "L6") > next(c["score"] for c in cells if c["row"] == "L6")
-    _browser("--window-size=900,700", f"--screenshot={shot}", page.as_uri())
+    browser("--window-size=900,700", f"--screenshot={shot}", page.as_uri())
     from PIL import Image
 
     image = np.asarray(Image.open(shot).convert("RGB")).astype(int)
@@ -75,7 +81,7 @@ def test_generated_text_view_has_a_row_per_output_token(tmp_path):
     )
     page = tmp_path / "generated.html"
     result.to_html(page)
-    cells = _cells(_browser("--dump-dom", page.as_uri()))
+    cells = _cells(browser("--dump-dom", page.as_uri()))
     assert [cell["row"] for cell in cells] == ["1: ▁are"] * 3 + ["2: ▁here"] * 3
     assert [cell["score"] for cell in cells] == pytest.approx([0.6, -0.1, 0.3, 0.2, 0.5, -0.3])
     negative = next(cell for cell in cells if cell["score"] == pytest.approx(-0.3))
@@ -95,7 +101,7 @@ def test_encoder_decoder_view_shows_source_and_target_prefix_in_two_colours_of_o
     )
     page = tmp_path / "translation.html"
     result.to_html(page)
-    dom = _browser("--dump-dom", page.as_uri())
+    dom = browser("--dump-dom", page.as_uri())
     cells = _cells(dom)
     assert [cell["row"] for cell in cells] == ["1: ▁the (source 0.80)"] * 5 + ["2: ▁cat (source 0.75)"] * 5
     assert [cell["token"] for cell in cells[:5]] == ["▁die", "▁Katze", "&lt;/s&gt;", "&lt;pad&gt;", "▁the"]

@@ -6,8 +6,10 @@ Outputs stay out of git: they would go stale against the code that made them and
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
+import nbformat
 import pytest
 
 TUTORIALS = Path(__file__).resolve().parents[2] / "tutorials"
@@ -19,6 +21,7 @@ NOTEBOOKS = [
     "05_generation.ipynb",
     "06_adversarial_attention.ipynb",
     "07_which_explanation_to_trust.ipynb",
+    "08_which_document.ipynb",
 ]
 
 
@@ -32,6 +35,14 @@ def test_notebook_is_committed_without_outputs(name):
     for index, cell in enumerate(code):
         assert cell["outputs"] == [], f"{name}: code cell {index} has outputs; strip them before committing"
         assert cell["execution_count"] is None, f"{name}: code cell {index} has an execution count"
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebook_validates_without_a_warning(name):
+    # a cell without an id is a MissingIDFieldWarning now and, nbformat says, an error later
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        nbformat.validate(nbformat.read(TUTORIALS / name, as_version=4))
 
 
 def test_every_notebook_is_listed():

@@ -19,6 +19,7 @@ from captum_attnflow.visualize import (
     plot_patch_heatmap,
     to_visualization_record,
 )
+from captum_attnflow.visualize.html import NEGATIVE, POSITIVE
 
 TOKENS = ["[CLS]", "the", "keys", "to", "the"]
 
@@ -87,15 +88,36 @@ def test_signed_scores_are_centred_at_zero_and_unsigned_keep_their_range():
     images = {ax.get_title(): ax.images[0] for ax in figure.axes if ax.images}
     assert images["attnlrp"].get_cmap().name == "RdBu_r" and images["attnlrp"].get_clim() == pytest.approx((-1.6, 1.6))
     assert images["positive"].get_cmap().name == "RdBu_r"  # declared signed: white stays 0 on this input too
-    assert images["raw"].get_cmap().name == "Blues" and images["raw"].get_clim() == pytest.approx((0.1, 0.6))
+    assert images["raw"].get_cmap().name == "Reds" and images["raw"].get_clim() == pytest.approx((0.1, 0.6))
     # Undeclared: decided from the data, a negative score makes a method signed.
     by_data = plot_methods({"attnlrp": relevance, "positive": relevance.abs()}, TOKENS)
-    assert [ax.images[0].get_cmap().name for ax in by_data.axes if ax.images] == ["RdBu_r", "Blues"]
+    assert [ax.images[0].get_cmap().name for ax in by_data.axes if ax.images] == ["RdBu_r", "Reds"]
     # All zeros, signed: a scale around 0 rather than an empty one.
     assert plot_layer_heatmap(torch.zeros(5), TOKENS, signed=True).axes[0].images[0].get_clim() == (-1.0, 1.0)
     # A colormap given by the caller is kept, centred all the same.
     image = plot_layer_heatmap(relevance, TOKENS, cmap="coolwarm").axes[0].images[0]
     assert image.get_cmap().name == "coolwarm" and image.get_clim() == pytest.approx((-1.6, 1.6))
+
+
+def _hue(rgba) -> str:
+    """``red``, ``blue`` or ``white`` (all channels near 1) for a matplotlib RGBA colour."""
+    red, green, blue = rgba[:3]
+    return "white" if min(red, green, blue) > 0.9 else "red" if red > max(green, blue) + 0.2 else "blue" if blue > red + 0.2 else "other"
+
+
+def test_one_colour_convention_red_high_or_positive_blue_negative_as_in_the_html_view():
+    relevance = torch.tensor([0.1, -0.94, 1.6, 0.0, 0.2])
+    weights = torch.tensor([[0.2, 0.1, 0.3, 0.2, 0.2], [0.1, 0.1, 0.6, 0.1, 0.1]])
+    figure = plot_methods({"attnlrp": relevance, "raw": weights}, TOKENS)
+    images = {ax.get_title(): ax.images[0] for ax in figure.axes if ax.images}
+    signed, unsigned = images["attnlrp"], images["raw"]
+    assert [_hue(signed.to_rgba(value)) for value in (-1.6, 0.0, 1.6)] == ["blue", "white", "red"]
+    assert [_hue(unsigned.to_rgba(value)) for value in (0.1, 0.6)] == ["white", "red"]
+    assert [_hue(np.array(rgb) / 255) for rgb in (NEGATIVE, POSITIVE)] == ["blue", "red"]  # the HTML view's ends
+    scores = torch.rand(len(TOKENS))
+    graph = plot_flow_graph(torch.softmax(torch.randn(2, 1, 2, 5, 5), -1), TOKENS, scores=scores)
+    nodes = next(c for c in graph.axes[0].collections if isinstance(c, PathCollection) and c.get_array() is not None)
+    assert _hue(nodes.to_rgba(scores.max().item())) == "red"
 
 
 def test_methods_rejects_empty_dict():

@@ -117,7 +117,7 @@ def test_faithfulness_alone_with_the_ground_truth_and_its_tables(tmp_path):
     np.testing.assert_array_equal(result.metrics[("position", "subject-first", None)], expected.numpy())
     board = result.leaderboard(n_resamples=99)
     table = board.to_markdown()
-    assert table.splitlines()[0] == "subject-first (higher is better; 8 examples, mean [95% CI], #rank)"
+    assert table.splitlines()[0] == "subject-first (higher is better; 8 examples; mean [95% CI] and group, best mean first)"
     assert "| method | L1 | L2 | L3 | score |" in table and "sufficiency (lower is better" in table
     assert "Undefined, left out" in table  # the examples without attractors
     board.to_csv(tmp_path / "faithfulness.csv")

@@ -1,12 +1,12 @@
-"""The forest plot: entries by rank, best on top, interval bars where the bootstrap put them,
-the floor's line, shared ranks on one band, the direction on the axis."""
+"""The forest plot: entries by mean, best on top, interval bars where the bootstrap put them,
+the floor's line, the group letters on the right, the direction on the axis."""
 
 import numpy as np
 
 from captum_attnflow.evaluate import Leaderboard
 
 
-def test_forest_plot_orders_by_rank_and_draws_intervals_floor_and_bands():
+def test_forest_plot_orders_by_mean_and_draws_intervals_floor_and_groups():
     rng = np.random.default_rng(1)
     values = {"good": 0.5 + rng.normal(0, 0.05, 40), "also good": 0.49 + rng.normal(0, 0.05, 40),
               "random": 0.1 + rng.normal(0, 0.05, 40), "bad": -0.2 + rng.normal(0, 0.05, 40)}
@@ -17,7 +17,8 @@ def test_forest_plot_orders_by_rank_and_draws_intervals_floor_and_bands():
         labels = [label.get_text() for label in axes.get_yticklabels()]
         # sufficiency holds the negated values and lower is better: the same order
         assert sorted(labels[:2]) == ["also good", "good"] and labels[2:] == ["random", "bad"]
-        assert [ranking.ranks[name] for name in labels] == sorted(ranking.ranks[name] for name in labels)
+        means = [ranking.intervals[name].mean for name in labels]
+        assert means == sorted(means, reverse=metric == "comprehensiveness")
         ticks = dict(zip(labels, axes.get_yticks()))
         assert ticks[labels[0]] > ticks[labels[-1]]  # best on top
         bars = {tuple(line.get_ydata()): line.get_xdata() for line in axes.lines if len(line.get_xdata()) == 2 and line.get_ydata()[0] == line.get_ydata()[1]}
@@ -27,7 +28,8 @@ def test_forest_plot_orders_by_rank_and_draws_intervals_floor_and_bands():
         floor = [line for line in axes.lines if line.get_linestyle() == "--"]
         assert len(floor) == 1 and np.allclose(floor[0].get_xdata(), ranking.intervals["random"].mean)
         assert ("lower is better" if metric == "sufficiency" else "higher is better") in axes.get_xlabel()
-        assert sum(text.get_text() == "#1" for text in axes.texts) == 1  # the two good ones share one band
+        assert [text.get_text() for text in axes.texts] == [ranking.groups[name] for name in labels]
+        assert [ranking.groups[name] for name in labels] == ["a", "a", "b", "c"]  # the two good ones share a group
     assert figure.get_size_inches()[0] * 100 == 1200
 
 

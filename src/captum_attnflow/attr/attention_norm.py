@@ -18,7 +18,7 @@ class AttentionNorm(LayerMapsAttribution):
     attention output, measured by its length rather than by the attention weight alone,
 
     .. math::
-        N_l[i, j] = \\Big\\lVert \\sum_h \\alpha^h_{ij}\\, v^h_j W^h_O \\Big\\rVert_2,
+        N_l[i, j] = \\left\\lVert \\sum_h \\alpha^h_{ij}\\, v^h_j W^h_O \\right\\rVert_2,
 
     one layer at a time like raw attention (not rolled out, not normalised). Needs the model's
     value vectors and output projection: the model types of

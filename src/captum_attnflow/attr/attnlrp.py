@@ -79,8 +79,9 @@ class AttnLRP(AttentionAttribution, GradientAttribution):
     mixtures' routers, which are held constant here (``benchmarks/lxt_agreement.py``).
 
     The model runs with its own layers and forward values (each rule changes a gradient only);
-    the rules come from transformers' attention-function interface and the architecture table
-    (:mod:`captum_attnflow.capture.lrp`): the model types of
+    the rules come from transformers' attention-function interface (for the families whose
+    attention runs in their own modules, hooks on their query, key and value projections) and the
+    architecture table (:mod:`captum_attnflow.capture.lrp`): the model types of
     :data:`~captum_attnflow.hf.architectures.ARCHITECTURES`; an encoder-decoder's through
     :meth:`encoder_decoder_rows`. Parameters' ``.grad`` are not touched; it runs under
     ``torch.no_grad()`` too.
@@ -157,7 +158,7 @@ class AttnLRP(AttentionAttribution, GradientAttribution):
         its own logit, that of ``target[:, t]``.
 
         The encoder's and the decoder's token embeddings are the two leaves
-        (:func:`~captum_attnflow.capture.lrp.seq2seq_attnlrp_forward`); the cross-attention's
+        (:func:`~captum_attnflow.capture.seq2seq_lrp.seq2seq_attnlrp_forward`); the cross-attention's
         bilinear products :math:`q k^\\top` (decoder queries, encoder keys) and :math:`A v`
         (the encoder outputs' values) get the uniform rule, as the self-attention's. Relevance is
         conserved as on one stack: :math:`\\sum_j R_j` over the source tokens and the decoder's

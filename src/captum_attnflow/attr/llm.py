@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import torch
-from captum.attr import Attribution, TextTokenInput
+from captum.attr import Attribution, TextTemplateInput, TextTokenInput
 from torch import Tensor, nn
 
 from captum_attnflow.attr.alti import ALTI
@@ -13,7 +13,15 @@ from captum_attnflow.attr.attention_norm import AttentionNorm
 from captum_attnflow.attr.attnlrp import AttnLRP
 from captum_attnflow.attr.flow import AttentionFlow
 from captum_attnflow.attr.gradient_rollout import GradientWeightedRollout
-from captum_attnflow.attr.llm_inputs import TokenPreparation, check_options, default, pad, pad_id
+from captum_attnflow.attr.llm_inputs import (
+    TemplatePrompt,
+    TokenPreparation,
+    check_options,
+    default,
+    pad,
+    pad_id,
+    sum_over_sources,
+)
 from captum_attnflow.attr.llm_result import LLMAttentionAttributionResult
 from captum_attnflow.attr.raw_attention import RawAttention
 from captum_attnflow.attr.rollout import AttentionRollout
@@ -66,6 +74,13 @@ class LLMAttentionAttribution(TokenPreparation, Attribution):
       encoder-decoder ALTI is ALTI+ (Ferrando et al., EMNLP 2022) and value zeroing composes on
       the same joint graph (:meth:`~captum_attnflow.ALTI.encoder_decoder_rows`), the norms are
       one decoder layer's, as raw attention.
+    * A Captum ``TextTemplateInput`` is explained per source, its values, with any of these
+      methods: a value's score is the sum of its tokens' scores,
+      :math:`S_{t,f} = \\sum_{j \\in f} x_{t,j}` (a token across a boundary counted once, for the
+      value holding most of its characters; see
+      :func:`~captum_attnflow.attr.llm_inputs.token_sources`), and the template's own text is in
+      no source but in ``result.template_attr``. The result is shaped as Captum's
+      ``LLMAttribution`` gives it for a template (``input_tokens`` the values).
 
     On an encoder-decoder, ``token_attr`` holds the scores of the source tokens, ``output_attr``
     and ``decoder_start_attr`` those of the target prefix, and ``source_share`` and
@@ -110,7 +125,7 @@ class LLMAttentionAttribution(TokenPreparation, Attribution):
 
     def attribute(
         self,
-        inp: str | TextTokenInput | Sequence[str | TextTokenInput],
+        inp: str | TextTokenInput | TextTemplateInput | Sequence[str | TextTokenInput | TextTemplateInput],
         target: str | Tensor | None | Sequence[str | Tensor | None] = None,
         layer: int = -1,
         max_new_tokens: int = 25,
@@ -124,9 +139,16 @@ class LLMAttentionAttribution(TokenPreparation, Attribution):
 
         Args:
             inp: the prompt: a string (tokenized with special tokens, as
-                ``TextTokenInput`` does) or Captum's ``TextTokenInput`` (its ``skip_tokens``
-                leave columns out). A list of prompts runs as one padded batch and returns a
-                list of results.
+                ``TextTokenInput`` does), Captum's ``TextTokenInput`` (its ``skip_tokens``
+                leave columns out) or Captum's ``TextTemplateInput``, explained per source (its
+                values, a list or a dict; values of one ``mask`` group are one source, each
+                given the group's score; ``baselines`` are not used). A template is filled,
+                put in the tokenizer's chat template when it has one (the prompt as the user's
+                message, then the assistant's turn, as ``apply_chat_template(...,
+                add_generation_prompt=True)``; a string prompt is not), tokenized by a fast
+                tokenizer with character offsets, and each value's characters located in the
+                text. A list of prompts, of any of these kinds, runs as one padded batch and
+                returns a list of results.
             target: the output to explain: a string (tokenized without special tokens), a
                 1-D tensor of token ids, or None to generate greedily (``max_new_tokens``).
                 A list, one per prompt, for a list of prompts.
@@ -164,14 +186,19 @@ class LLMAttentionAttribution(TokenPreparation, Attribution):
             ``seq_attr`` (n_in) the mean of its rows, the average share of each prompt token
             over the output; ``output_attr``, ``sink_attr``, ``decoder_start_attr`` (see the
             class); ``input_tokens`` and ``output_tokens`` as ``tokenizer.convert_ids_to_tokens``
-            gives them. A list of them for a list of prompts.
+            gives them. For a ``TextTemplateInput``, F values: ``input_tokens`` the values,
+            ``token_attr`` (n_out, F) the sums over each value's tokens, ``seq_attr`` (F,) the
+            mean of its rows and ``template_attr`` (n_out,) the tokens in no value. A list of
+            them for a list of prompts.
 
         Raises:
             ValueError: an empty prompt (only special tokens), token ids outside the model's
                 vocabulary, a prompt (and target) longer than the model's positions, an empty
-                target.
-            TypeError: a target that is neither text, integer token ids nor None; a keyword the
-                method does not take.
+                target; a template whose values cannot be located in its text (a conversion
+                or format spec that changes them, a chat template that rewrites the prompt).
+            TypeError: a prompt of another type; a target that is neither text, integer token
+                ids nor None; a keyword the method does not take; a template with a slow
+                tokenizer (no character offsets).
 
         Example::
 
@@ -204,8 +231,21 @@ class LLMAttentionAttribution(TokenPreparation, Attribution):
             >>> why = LLMAttentionAttribution(GradientWeightedRollout(model), tokenizer)
             >>> why.attribute("the keys to the cabinet", target="are", contrast_target="is").token_attr.shape
             torch.Size([1, 6])
+
+            Scores per source: Captum's ``TextTemplateInput``, each value one source. The
+            template's text (`` to ``) and ``[CLS]`` belong to none:
+
+            >>> from captum.attr import TextTemplateInput
+            >>> prompt = TextTemplateInput("{} to {}", values=["the keys", "the cabinet"])
+            >>> sources = explainer.attribute(prompt, target="are .")
+            >>> sources.input_tokens, sources.token_attr.shape
+            (['the keys', 'the cabinet'], torch.Size([2, 2]))
+            >>> bool(torch.allclose(sources.token_attr[:, 0], result.token_attr[:, 1:3].sum(1)))  # "the", "keys"
+            True
+            >>> bool(torch.allclose(sources.template_attr, result.token_attr[:, [0, 3]].sum(1)))  # "[CLS]", "to"
+            True
         """
-        single = isinstance(inp, (str, TextTokenInput))
+        single = not isinstance(inp, (list, tuple))
         prompts = [inp] if single else list(inp)
         if not prompts:
             raise ValueError("inp is an empty list: pass a prompt string or TextTokenInput.")
@@ -219,7 +259,7 @@ class LLMAttentionAttribution(TokenPreparation, Attribution):
                 "receptive_field=True is for decoder-only models, whose causal attention favours early tokens; "
                 "an encoder attends to every source token, so leave it False for an encoder-decoder."
             )
-        inputs = [prompt if isinstance(prompt, TextTokenInput) else self._text_input(prompt) for prompt in prompts]
+        inputs = [self._text_input(prompt) for prompt in prompts]
         device = input_device(self.model)
         prompt_ids = [self._prompt_ids(text, device) for text in inputs]
         output_ids = [self._target_ids(ids, t, max_new_tokens, device) for ids, t in zip(prompt_ids, targets)]
@@ -336,7 +376,8 @@ class LLMAttentionAttribution(TokenPreparation, Attribution):
         ]
 
     def _result(
-        self, text: TextTokenInput, prompt: Tensor, output: Tensor, rows: Tensor, receptive_field: bool, drop_sink: bool
+        self, text: TextTokenInput | TemplatePrompt, prompt: Tensor, output: Tensor, rows: Tensor, receptive_field: bool,
+        drop_sink: bool,
     ) -> LLMAttentionAttributionResult:
         """Split (n_out, n_in + n_out) rows into the prompt's, the outputs' and the sink's shares."""
         n_in, n_out = prompt.numel(), output.numel()
@@ -355,20 +396,31 @@ class LLMAttentionAttribution(TokenPreparation, Attribution):
             source_share, target_share = prompt_rows.sum(-1), later.sum(-1)
             start_token = self.tokenizer.convert_ids_to_tokens([self.model.config.decoder_start_token_id])[0] or ""
             later = torch.cat([later[:, 1:], later.new_zeros(n_out, 1)], 1)
-        columns = torch.ones(n_in, dtype=torch.bool) if text.itp_mask is None else text.itp_mask[0].cpu().bool().clone()
-        columns = columns.to(device)
-        if drop_sink:
-            columns[0] = False
-        token_attr = prompt_rows[:, columns]
+        if isinstance(text, TemplatePrompt):
+            sources = text.sources.to(device).clone()
+            if drop_sink:
+                sources[0] = -1
+            # the mask groups' scores, each value given its group's, as Captum's format_attr does
+            token_attr = text.inp.format_attr(sum_over_sources(prompt_rows, sources, text.inp.n_itp_features))
+            input_tokens, template_attr = list(text.inp.values), prompt_rows[:, sources < 0].sum(1)
+        else:
+            columns = torch.ones(n_in, dtype=torch.bool) if text.itp_mask is None else text.itp_mask[0].cpu().bool().clone()
+            columns = columns.to(device)
+            if drop_sink:
+                columns[0] = False
+            token_attr = prompt_rows[:, columns]
+            input_tokens = self.tokenizer.convert_ids_to_tokens(prompt[columns.to(prompt.device)].tolist())
+            template_attr = None
         return LLMAttentionAttributionResult(
-            input_tokens=self.tokenizer.convert_ids_to_tokens(prompt[columns.to(prompt.device)].tolist()),
+            input_tokens=input_tokens,
             output_tokens=self.tokenizer.convert_ids_to_tokens(output.tolist()),
             seq_attr=token_attr.mean(0),
             token_attr=token_attr,
             output_attr=later,
             sink_attr=prompt_rows[:, 0].clone(),
             decoder_start_attr=decoder_start,
-            inp=text,
+            template_attr=template_attr,
+            inp=text.inp if isinstance(text, TemplatePrompt) else text,
             method=type(self.attr_method).__name__,
             model_name=str(getattr(getattr(self.model, "config", None), "name_or_path", "") or ""),
             source_share=source_share,

@@ -14,7 +14,10 @@ from captum_attnflow.saving import load_result, save_result
 from captum_attnflow.words import groups_from_tokens, groups_with_tokenizer, reduce_groups, spell
 
 _KIND = "LLMAttentionAttributionResult"
-_TENSORS = ("seq_attr", "token_attr", "output_attr", "sink_attr", "decoder_start_attr", "source_share", "target_share")
+_TENSORS = (
+    "seq_attr", "token_attr", "output_attr", "sink_attr", "decoder_start_attr", "template_attr", "source_share",
+    "target_share",
+)
 
 
 class LLMAttentionAttributionResult(LLMAttributionResult):
@@ -31,6 +34,10 @@ class LLMAttentionAttributionResult(LLMAttributionResult):
             the tokenizer adds none), also when ``drop_sink=True`` leaves it out of ``token_attr``.
         decoder_start_attr: (n_out,) for an encoder-decoder, the score of the decoder's start
             token; None for a decoder-only model.
+        template_attr: (n_out,) for a ``TextTemplateInput``, the score of the prompt tokens in no
+            source (the template's own text, special tokens, a chat template's text; the first
+            token with ``drop_sink=True``); None for a prompt of tokens. Summed with the sources
+            (each mask group once) it gives the prompt's whole score.
         source_share, target_share: (n_out,) for an encoder-decoder, the sum of each output
             token's scores over the source tokens (all of them, ``skip_tokens`` included) and over
             the target prefix (the start token and the earlier output tokens): ALTI+'s source and
@@ -40,9 +47,14 @@ class LLMAttentionAttributionResult(LLMAttributionResult):
         method: the attention method's class name ("AttentionRollout").
         model_name: the model's ``config.name_or_path``.
 
+    For a ``TextTemplateInput`` the columns are its sources, as Captum's ``LLMAttribution`` gives
+    them: ``input_tokens`` its values, ``token_attr`` (n_out, F) and ``seq_attr`` (F,) a score per
+    value (the values of one mask group share the group's).
+
     A result is viewed as HTML (:meth:`to_html`, ``_repr_html_`` in a notebook: rows the
-    output tokens, columns the prompt tokens), merged into words (:meth:`aggregate_words`,
-    both axes) and saved and loaded (:meth:`save`, :meth:`load`; no pickle).
+    output tokens, columns the prompt tokens or sources), merged into words
+    (:meth:`aggregate_words`, both axes; the output alone for sources) and saved and loaded (:meth:`save`,
+    :meth:`load`; no pickle).
 
     Example::
 
@@ -71,6 +83,7 @@ class LLMAttentionAttributionResult(LLMAttributionResult):
         output_attr: Tensor,
         sink_attr: Tensor,
         decoder_start_attr: Tensor | None = None,
+        template_attr: Tensor | None = None,
         inp: Any = None,
         method: str = "",
         model_name: str = "",
@@ -84,6 +97,7 @@ class LLMAttentionAttributionResult(LLMAttributionResult):
         self.output_attr = output_attr
         self.sink_attr = sink_attr
         self.decoder_start_attr = decoder_start_attr
+        self.template_attr = template_attr
         self.method = method
         self.model_name = model_name
         self.source_share = source_share
@@ -106,7 +120,8 @@ class LLMAttentionAttributionResult(LLMAttributionResult):
         name = " ".join(part for part in (self.method, self.model_name) if part)
         scores = self.token_attr.detach().float().cpu()
         if self.source_share is None:
-            section = Section(name, rows, self.input_tokens, scores.numpy(), "score of the prompt token")
+            unit = "score of the prompt token" if self.template_attr is None else "score of the source"
+            section = Section(name, rows, self.input_tokens, scores.numpy(), unit)
         else:
             prefix = [self.decoder_start_token or "<start>", *self.output_tokens[:-1]]
             scores = torch.cat([scores, self.decoder_start_attr.detach().float().cpu()[:, None],
@@ -131,29 +146,36 @@ class LLMAttentionAttributionResult(LLMAttributionResult):
 
         Columns (prompt pieces) and rows (output pieces) of ``token_attr`` and ``output_attr``
         are reduced over each word by ``reduce`` (``"sum"``, ``"max"`` or ``"mean"``, as
-        :func:`~captum_attnflow.words.aggregate_words`); ``sink_attr`` and
-        ``decoder_start_attr``, ``source_share`` and ``target_share`` over the output words;
-        ``seq_attr`` is the mean of the new rows,
-        as before. Words come from ``tokenizer`` (the text encoded again, its word ids used
-        when it gives back the same pieces), else from the pieces' markers (``##``, ``Ġ``,
-        ``▁``); special tokens stay apart.
+        :func:`~captum_attnflow.words.aggregate_words`); ``sink_attr``, ``decoder_start_attr``,
+        ``template_attr``, ``source_share`` and ``target_share`` over the output words;
+        ``seq_attr`` is the mean of the new rows, as before. Words come from ``tokenizer`` (the
+        text encoded again, its word ids used when it gives back the same pieces), else from the
+        pieces' markers (``##``, ``Ġ``, ``▁``); special tokens stay apart. When the columns are sources (a
+        ``TextTemplateInput``), they stay as they are and only the output is merged.
         """
+        sources = self.template_attr is not None
         if tokenizer is not None:
-            prompt, output = groups_with_tokenizer(self.input_tokens, tokenizer), groups_with_tokenizer(self.output_tokens, tokenizer)
+            output = groups_with_tokenizer(self.output_tokens, tokenizer)
+            prompt = None if sources else groups_with_tokenizer(self.input_tokens, tokenizer)
             special = getattr(tokenizer, "all_special_tokens", [])
         else:
-            special = [token for token in self.input_tokens[:1] if token.startswith(("<", "["))]
-            prompt, output = groups_from_tokens(self.input_tokens, special), groups_from_tokens(self.output_tokens, special)
-        token_attr = reduce_groups(reduce_groups(self.token_attr, prompt, reduce, -1), output, reduce, 0)
+            # the prompt's first token, when special (BOS); a source's text is not a token
+            special = [] if sources else [token for token in self.input_tokens[:1] if token.startswith(("<", "["))]
+            output = groups_from_tokens(self.output_tokens, special)
+            prompt = None if sources else groups_from_tokens(self.input_tokens, special)
+        columns = self.token_attr if prompt is None else reduce_groups(self.token_attr, prompt, reduce, -1)
+        token_attr = reduce_groups(columns, output, reduce, 0)
+        optional = {
+            name: None if getattr(self, name) is None else reduce_groups(getattr(self, name), output, reduce, 0)
+            for name in ("decoder_start_attr", "template_attr", "source_share", "target_share")
+        }
         return LLMAttentionAttributionResult(
-            input_tokens=_words(self.input_tokens, prompt, tokenizer, special),
+            input_tokens=list(self.input_tokens) if prompt is None else _words(self.input_tokens, prompt, tokenizer, special),
             output_tokens=_words(self.output_tokens, output, tokenizer, special),
             seq_attr=token_attr.mean(0), token_attr=token_attr,
             output_attr=reduce_groups(reduce_groups(self.output_attr, output, reduce, -1), output, reduce, 0),
             sink_attr=reduce_groups(self.sink_attr, output, reduce, 0),
-            decoder_start_attr=_reduced(self.decoder_start_attr, output, reduce),
-            inp=self.inp, method=self.method, model_name=self.model_name,
-            source_share=_reduced(self.source_share, output, reduce), target_share=_reduced(self.target_share, output, reduce),
+            **optional, inp=self.inp, method=self.method, model_name=self.model_name,
             decoder_start_token=self.decoder_start_token,
         )
 
@@ -171,7 +193,7 @@ class LLMAttentionAttributionResult(LLMAttributionResult):
         """Read a result written by :meth:`save`.
 
         Raises:
-            ValueError: not such a file, or one of a newer format version.
+            ValueError: not such a file (a damaged one included), or one of a newer format version.
         """
         fields, arrays = load_result(path, _KIND)
         tensors = {name: torch.from_numpy(arrays[name]) if name in arrays else None for name in _TENSORS}
@@ -187,11 +209,6 @@ class LLMAttentionAttributionResult(LLMAttributionResult):
         return (list(self.input_tokens), list(self.output_tokens), self.method, self.model_name, self.decoder_start_token) == (
             list(other.input_tokens), list(other.output_tokens), other.method, other.model_name, other.decoder_start_token
         )
-
-
-def _reduced(scores: Tensor | None, groups: list[list[int]], reduce: str) -> Tensor | None:
-    """(n_out,) scores of the output tokens reduced over each output word; None stays None."""
-    return None if scores is None else reduce_groups(scores, groups, reduce, 0)
 
 
 def _words(tokens: list[str], groups: list[list[int]], tokenizer: Any, special: list[str]) -> list[str]:

@@ -6,9 +6,11 @@ scores (the floor) explain the same held-out examples of each task; the
 :class:`~captum_attnflow.evaluate.Evaluator` measures their faithfulness to the model (ERASER's
 AOPC comprehensiveness and sufficiency, log-odds, the area between the deletion curves, and the
 agreement data's ground truth: is the subject scored above every attractor?), and a
-:class:`~captum_attnflow.evaluate.Leaderboard` gives each mean a bootstrap interval and ranks the
-methods with paired Wilcoxon tests (Holm-adjusted), marking the differences that are not
-significant. Each method's time per example is measured while it runs.
+:class:`~captum_attnflow.evaluate.Leaderboard` gives each mean a bootstrap interval, orders the
+methods by mean and groups those that paired Wilcoxon tests (Holm-adjusted) do not separate.
+Across the tasks, :meth:`BenchmarkResult.critical_difference` ranks the methods in every (task,
+metric) and tests their average ranks (Friedman, then Nemenyi), the numbers of the
+critical-difference diagram. Each method's time per example is measured while it runs.
 
 Tasks (:data:`~captum_attnflow.benchmark.tasks.TASKS`, offline):
 

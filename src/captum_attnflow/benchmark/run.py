@@ -8,6 +8,7 @@ from typing import Any, Sequence
 import numpy as np
 from torch import nn
 
+from captum_attnflow.benchmark.context import CONTEXT, CONTEXT_PEERS, load_context_task, run_context_task
 from captum_attnflow.benchmark.runner import FLOOR, BenchmarkResult, run_task
 from captum_attnflow.benchmark.tasks import TASKS
 from captum_attnflow.benchmark.user import run_user_benchmark
@@ -21,7 +22,7 @@ QUICK_EXAMPLES = 16
 
 
 def run_benchmark(
-    tasks: Sequence[str] = tuple(TASKS),
+    tasks: Sequence[str] = (*TASKS, CONTEXT),
     methods: Sequence[str] | None = None,
     examples: int | None = None,
     seed: int = 0,
@@ -45,10 +46,13 @@ def run_benchmark(
     :mod:`captum_attnflow.benchmark.user`).
 
     Args:
-        tasks: names of :data:`~captum_attnflow.benchmark.tasks.TASKS`.
+        tasks: names of :data:`~captum_attnflow.benchmark.tasks.TASKS`, and ``"context"``
+            (:mod:`captum_attnflow.benchmark.context`: which source of a prompt a language
+            model's answer came from).
         methods: names of :data:`~captum_attnflow.methods.METHODS` and
-            :data:`~captum_attnflow.methods.EXTRA_METHODS`, and ``"random"``; default all of them
-            (those that apply to ``model``).
+            :data:`~captum_attnflow.methods.EXTRA_METHODS`, ``"random"``, and the context task's
+            other rows (:data:`~captum_attnflow.benchmark.context.CONTEXT_PEERS`); default all of
+            them (those that apply to ``model`` and to each task).
         examples: held-out examples per task, default 64 (the similarity task has 64 pairs, the
             chunking task counts words); rows of ``dataset`` drawn with ``seed``, default all.
         seed: seed of the examples and of the random scores.
@@ -113,11 +117,13 @@ def run_benchmark(
             n_resamples=n_resamples, show_progress=show_progress, checkpoint_dir=checkpoint_dir,
         )
     examples = 64 if examples is None else examples
-    known = (*METHODS, *EXTRA_METHODS, FLOOR)
+    known = (*METHODS, *EXTRA_METHODS, FLOOR, *CONTEXT_PEERS)
     names = known if methods is None else tuple(methods)
-    unknown = [name for name in names if name not in known] + [task for task in tasks if task not in TASKS]
+    unknown = [name for name in names if name not in known] + [task for task in tasks if task not in (*TASKS, CONTEXT)]
     if unknown or not names or not tasks:
-        raise ValueError(f"unknown or missing names {unknown}: methods are {', '.join(known)}; tasks are {', '.join(TASKS)}.")
+        raise ValueError(
+            f"unknown or missing names {unknown}: methods are {', '.join(known)}; tasks are {', '.join((*TASKS, CONTEXT))}."
+        )
     if isinstance(examples, bool) or not isinstance(examples, int) or examples < 1:
         raise ValueError(f"examples must be a positive int, got {examples!r}.")
     values: dict[tuple, np.ndarray] = {}
@@ -125,8 +131,16 @@ def run_benchmark(
     counts: dict[str, int] = {}
     directions: dict[str, bool] = {}
     shown: dict[str, list] = {}
+    notes: list[str] = []
     for name in tasks:
+        if name == CONTEXT:
+            model, tokenizer, drawn = load_context_task(examples, seed, device=device, dtype=dtype, device_map=device_map)
+            rows = None if methods is None else names
+            notes += run_context_task(model, tokenizer, drawn, rows, seed, show_progress, (values, times, counts, directions))
+            continue
         task = TASKS[name]
         loaded = task.load(examples, seed, device=device, dtype=dtype, device_map=device_map)
-        run_task(task, loaded, names, seed, show_progress, checkpoint_dir, (values, times, counts, directions), shown)
-    return BenchmarkResult(Leaderboard(values, higher_is_better=directions, n_resamples=n_resamples), times, counts, shown=shown)
+        evaluated = [name for name in names if name not in CONTEXT_PEERS]
+        run_task(task, loaded, evaluated, seed, show_progress, checkpoint_dir, (values, times, counts, directions), shown)
+    board = Leaderboard(values, higher_is_better=directions, n_resamples=n_resamples)
+    return BenchmarkResult(board, times, counts, notes=notes, shown=shown)

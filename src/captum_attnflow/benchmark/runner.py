@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import html
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,10 +21,13 @@ from torch import Tensor, nn
 
 from captum_attnflow.benchmark.tasks import Task
 from captum_attnflow.evaluate import Evaluator, Leaderboard
+from captum_attnflow.evaluate.friedman import CriticalDifference
 from captum_attnflow.evaluate.metrics import higher_is_better
-from captum_attnflow.methods import method_entry
+from captum_attnflow.methods import METHODS, method_entry
 
 FLOOR = "random"
+# The names _entries gives a per-layer method: "rollout L6" (its last layer), "rollout, best L3".
+_LAYERED = re.compile(r"(?P<method>.+?)(?P<best>, best)? L\d+")
 
 
 @dataclass
@@ -47,8 +51,27 @@ class BenchmarkResult:
     notes: list[str] = field(default_factory=list)
     shown: dict = field(default_factory=dict)
 
+    def critical_difference(self) -> CriticalDifference:
+        """The methods across every task and metric: each (task, metric) a block, each method
+        ranked there by its mean, the average ranks tested by Friedman's test and Nemenyi's
+        (:meth:`Leaderboard.critical_difference`). A per-layer method appears as
+        ``method (last layer)`` and ``method (best layer)``, whatever its layer count in each
+        task's model (see :func:`method_name`). Only methods scored in every task are compared,
+        the others are listed as left out: with the context task, whose rows score sources,
+        the gradient baselines, blank-out and the best layers.
+
+        Returns:
+            CriticalDifference: its ``plot()`` is the critical-difference diagram.
+
+        Raises:
+            ValueError: fewer than 2 metrics or 3 methods scored in all of them.
+        """
+        return self.leaderboard.critical_difference(names=method_name)
+
     def to_markdown(self) -> str:
-        """The leaderboard's tables, then the time per example of every method and task."""
+        """The leaderboard's tables (best mean first, with groups), the methods' average ranks
+        across the tasks (the critical-difference diagram's numbers), then the time per example
+        of every method and task."""
         lines = ["| method | " + " | ".join(f"{task} (s / example)" for task in self.seconds) + " |",
                  "|---|" + "---|" * len(self.seconds)]
         methods = dict.fromkeys(name for times in self.seconds.values() for name in times)
@@ -57,14 +80,27 @@ class BenchmarkResult:
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
         counts = ", ".join(f"{task} {count}" for task, count in self.examples.items())
         notes = "".join(f"\n\nNote: {note}" for note in self.notes)
-        return f"{self.leaderboard.to_markdown()}\n\nTime per example ({counts} examples):\n\n" + "\n".join(lines) + notes
+        return (f"{self.leaderboard.to_markdown()}\n\n{self._across()[1]}\n\nTime per example ({counts} examples):\n\n"
+                + "\n".join(lines) + notes)
+
+    def _across(self) -> tuple[Any, str]:
+        """The comparison across the tasks (None where there are too few metrics or methods)
+        and its section of the report, or why there is none."""
+        title = "Across the tasks (each (task, metric) a block, methods ranked there by mean, 1 = best)"
+        try:
+            result = self.critical_difference()
+        except ValueError as error:
+            return None, f"{title}: no diagram, {error}"
+        return result, f"{title}\n\n{result.to_markdown()}"
 
     def save(self, directory: str | Path) -> list[Path]:
-        """Write into ``directory``: ``leaderboard.md`` (tables by rank), ``leaderboard.csv``,
-        ``leaderboard.json`` with ``leaderboard.safetensors`` (:meth:`Leaderboard.load` reads
-        them), ``leaderboard.png`` (forest plots of every metric, 4 a row),
-        ``leaderboard_<task>.png`` (one figure per task) and ``report.html`` (the figures and
-        the example explanations in one self-contained page)."""
+        """Write into ``directory``: ``leaderboard.md`` (tables best mean first, the average
+        ranks across the tasks), ``leaderboard.csv``, ``leaderboard.json`` with
+        ``leaderboard.safetensors`` (:meth:`Leaderboard.load` reads them), ``leaderboard.png``
+        (forest plots of every metric, 4 a row), ``leaderboard_<task>.png`` (one figure per
+        task), ``critical_difference.png`` (the diagram across the tasks, when there are at
+        least 2 metrics and 3 methods) and ``report.html`` (the figures and the example
+        explanations in one self-contained page)."""
         from captum_attnflow.visualize.html import figure_html, page_html
 
         directory = Path(directory)
@@ -75,6 +111,12 @@ class BenchmarkResult:
         self.leaderboard.plot(kind="forest", columns=4, floor=FLOOR).savefig(paths[2], dpi=100)
         paths += self.leaderboard.save(directory / "leaderboard.json")
         blocks = []
+        across = self._across()[0]
+        if across is not None:
+            figure = across.plot(floor=FLOOR)
+            paths.append(directory / "critical_difference.png")
+            figure.savefig(paths[-1], dpi=100)
+            blocks.append("<h2>Across the tasks</h2>" + figure_html(figure, "average ranks across the tasks, best on the left"))
         for task, count in self.examples.items():
             metrics = [metric for metric in self.leaderboard.metrics if metric.startswith(f"{task}: ")]
             if not metrics:
@@ -82,7 +124,7 @@ class BenchmarkResult:
             figure = self.leaderboard.plot(kind="forest", metrics=metrics, floor=FLOOR, title=f"{task} ({count} examples)")
             paths.append(directory / f"leaderboard_{task}.png")
             figure.savefig(paths[-1], dpi=100)
-            blocks.append(f"<h2>{task}</h2>" + figure_html(figure, f"{task}: methods by rank, best on top"))
+            blocks.append(f"<h2>{task}</h2>" + figure_html(figure, f"{task}: methods by mean, best on top"))
             blocks += [example.to_html() for example in self.shown.get(task, [])]
         table = html.escape(self.to_markdown())
         paths.append(directory / "report.html")
@@ -212,6 +254,27 @@ def _all_processes(timing: dict[str, list[float]]) -> dict[str, list[float]]:
             spent[0] += seconds
             spent[1] += rows
     return total
+
+
+def method_name(entry: str) -> str:
+    """The method a benchmark entry stands for in every task: ``rollout L6`` (the last layer of a
+    6-layer model) is ``rollout (last layer)``, ``rollout, best L3`` is ``rollout (best layer)``;
+    a per-layer method named alone (the context task's rows, explained through
+    :class:`~captum_attnflow.LLMAttentionAttribution` at its default, the last layer) is its last
+    layer too; other names stay.
+
+    Example::
+
+        >>> from captum_attnflow.benchmark.runner import method_name
+        >>> method_name("rollout L6"), method_name("flow, best L2"), method_name("rollout"), method_name("saliency")
+        ('rollout (last layer)', 'flow (best layer)', 'rollout (last layer)', 'saliency')
+    """
+    match = _LAYERED.fullmatch(entry)
+    if match is not None:
+        return f"{match['method']} ({'best' if match['best'] else 'last'} layer)"
+    if entry in METHODS and METHODS[entry].per_layer:
+        return f"{entry} (last layer)"
+    return entry
 
 
 def _entries(task: str, metrics: dict[tuple, np.ndarray]) -> dict[tuple, np.ndarray]:

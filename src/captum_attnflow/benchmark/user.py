@@ -29,6 +29,7 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor, nn
 
+from captum_attnflow.benchmark.context import context_examples, run_context_task
 from captum_attnflow.benchmark.runner import FLOOR, BenchmarkResult, run_task
 from captum_attnflow.benchmark.tasks import Task, VerbLogits
 from captum_attnflow.benchmark.user_data import Columns, encode_rows, select_rows
@@ -169,6 +170,8 @@ def run_user_benchmark(
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}.")
     columns = columns or Columns()
+    if columns.context is not None:
+        return _context_benchmark(model, tokenizer, dataset, columns, methods, examples, seed, name, n_resamples, show_progress)
     kind = model_kind(model)
     runnable, why = applicable_methods(model, tokenizer)
     names = runnable if methods is None else list(methods)
@@ -229,3 +232,23 @@ def _limit(model: Any, tokenizer: Any) -> int | None:
     limits.append(getattr(tokenizer, "model_max_length", None))
     limits = [value for value in limits if isinstance(value, int) and 0 < value < 1_000_000]
     return min(limits) if limits else None
+
+
+def _context_benchmark(
+    model: nn.Module, tokenizer: Any, dataset: Any, columns: Columns, methods: Sequence[str] | None,
+    examples: int | None, seed: int, name: str, n_resamples: int, show_progress: bool,
+) -> BenchmarkResult:
+    """The context task on the user's rows (:mod:`captum_attnflow.benchmark.context`)."""
+    if model_kind(model) != "lm":
+        raise ValueError(f"the context task explains a causal language model's answer; {type(model).__name__} is not one.")
+    if examples is not None and examples < len(dataset):
+        dataset = dataset.shuffle(seed=seed).select(range(examples))
+    names = [column for column in (columns.context, columns.question, columns.answer, columns.gold) if column]
+    missing = [column for column in names if column not in dataset.column_names]
+    if missing:
+        raise ValueError(f"the data has no column {missing[0]!r}; its columns are {', '.join(dataset.column_names)}.")
+    rows = context_examples(dataset.to_dict(), columns.question, columns.context, columns.answer, columns.gold, columns.by)
+    into: tuple[dict, dict, dict, dict] = ({}, {}, {}, {})
+    notes = run_context_task(model, tokenizer, rows, methods, seed, show_progress, into, name=name)
+    values, times, counts, directions = into
+    return BenchmarkResult(Leaderboard(values, higher_is_better=directions, n_resamples=n_resamples), times, counts, notes)

@@ -32,6 +32,11 @@ class Columns:
         target: the continuation whose first token is explained; None: the greedy next token.
         contrast: a contrastive explanation's alternative (a class for a classifier, a text
             for a language model); None: not contrastive.
+        context: a language model's context of sources (None: not the context task); with it
+            the rows are the context task's (:func:`~captum_attnflow.benchmark.context.context_examples`):
+            the context split into sources ``by`` sentence, paragraph or line, the ``question``
+            after it, the ``answer`` explained and optionally the ``gold`` source (its index or
+            a piece of its text).
     """
 
     text: str = "text"
@@ -40,6 +45,11 @@ class Columns:
     prompt: str = "prompt"
     target: str | None = None
     contrast: str | None = None
+    context: str | None = None
+    question: str = "question"
+    answer: str = "answer"
+    gold: str | None = None
+    by: str = "sentence"
 
 
 def load_data(path: str | Path) -> Any:

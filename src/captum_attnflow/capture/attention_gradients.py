@@ -211,13 +211,12 @@ def capture_attention_gradients(
     kept = kept_logits(forward_func, run_positions)
     capture = AttentionGradients(order=order, mask=mask, device=inputs.device)
     register_attention(_NAME, _gradient_attention, sdpa_mask)  # the masks sdpa gets: bool, or None to skip
-    with unchanged(module):
-        saved = {id(m): m.config._attn_implementation for m in hf_models(module)}
+    with unchanged(module), implementation(module, _NAME) as own:
         for model in hf_models(module):  # parents first: an inner model's own implementation wins
             for submodule in model.modules():
-                _CAPTURES[submodule] = (capture, saved[id(model)])
+                _CAPTURES[submodule] = (capture, own(model))
         try:
-            with implementation(module, _NAME), torch.enable_grad():
+            with torch.enable_grad():
                 capture.output = call() if kept is None else call(logits_to_keep=kept)
             capture.kept = kept_in(capture.output, kept)
         finally:

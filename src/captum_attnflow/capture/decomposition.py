@@ -2,7 +2,8 @@
 weighted value vectors, and value zeroing, for the models of :data:`~captum_attnflow.hf.architectures.ARCHITECTURES`.
 
 One forward pass collects each layer's attention, values and block input
-(:func:`~captum_attnflow.capture.internals.capture_internals`), and each block's map is computed as
+(:func:`~captum_attnflow.capture.internals.capture_internals`; for the families whose attention
+runs in their own modules, the probabilities those modules return), and each block's map is computed as
 soon as that block has run; the architecture table supplies the output projection, the
 LayerNorm and the rest of each block; the maths is :mod:`captum_attnflow.functional.decomposition`.
 
@@ -250,7 +251,8 @@ def _maps(
 
     done: list[int] = []
     internals = capture_internals(
-        forward_func, inputs, additional_forward_args, attention_mask, blocks=modules, after_block=after_block, lean=lean
+        forward_func, inputs, additional_forward_args, attention_mask, blocks=modules, after_block=after_block, lean=lean,
+        own=architecture.own_attention,
     )
     if len(done) != len(modules):
         raise ValueError(
@@ -270,8 +272,9 @@ def _run_mask(attention_mask: Tensor | None, device: torch.device, batch: int, n
 
 def _alti_map(architecture: Architecture, block: _Block, weights: _Weights) -> Tensor:
     """(B, n, n) ALTI contributions of one block."""
+    residual = block.inputs if architecture.residual is None else architecture.residual(block.module, block.inputs)
     return decomposition.alti_contributions(
-        block.probability_blocks(), block.values, block.inputs, weights.output_weight, weights.output_bias, block.mask,
+        block.probability_blocks(), block.values, residual, weights.output_weight, weights.output_bias, block.mask,
         weights.norm, _attention_scale(architecture, block),
     )
 

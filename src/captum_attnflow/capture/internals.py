@@ -9,7 +9,10 @@ grouped-query heads are the model's) and records the probabilities it returns, w
 tensor multiplied with the values: their gradient is the gradient of the output with respect to
 the attention. The model's outputs are its eager outputs. A model that computes its attention
 itself, outside the interface (DeBERTa, MPNet, BLOOM, Falcon), gives instead the probabilities it
-returns with ``output_attentions``, when only they are asked for. The model is left as it was
+returns with ``output_attentions``: each layer's as its attention module returns them, with the
+values split from its projections' outputs, where the architecture table says where they are
+(:class:`~captum_attnflow.hf.own_attention.OwnAttention`), else those the model returns, when
+only they are asked for. The model is left as it was
 (attention implementation, mode, hooks), also when the call raises; calls on one model from
 several threads run one at a time.
 
@@ -36,8 +39,10 @@ from transformers.masking_utils import eager_mask, sdpa_mask
 from captum_attnflow.capture.lean import captured_scores, own_attention
 from captum_attnflow.capture.lean_blocks import AttentionScores
 from captum_attnflow.capture.maps import attentions_of, in_run_order, maps_in_order, real_tokens_first_call
+from captum_attnflow.hf.architectures import scores_as_loaded
 from captum_attnflow.hf.inputs import as_tuple, check_mask_not_in_args, mask_keyword
 from captum_attnflow.hf.models import check_device, hf_models, outermost, owning_module
+from captum_attnflow.hf.own_attention import OwnAttention
 from captum_attnflow.hf.state import eager_attention, implementation, register_attention, unchanged
 
 _NAME = "captum_attnflow_internals"
@@ -150,6 +155,7 @@ def capture_internals(
     blocks: list[nn.Module] | None = None,
     after_block: Callable[[Internals], None] | None = None,
     lean: bool = False,
+    own: OwnAttention | None = None,
 ) -> Internals:
     """Run ``forward_func`` once and keep its attention internals (see :class:`Internals`).
 
@@ -174,6 +180,9 @@ def capture_internals(
         lean: run the model's own attention and keep each call's scores and output
             (``Internals.scores``, ``Internals.contexts``) instead of its probabilities (not
             with ``gradients``); for the models of :func:`~captum_attnflow.capture.lean.supports_lean`.
+        own: for a family whose attention runs in its own modules, where its
+            probabilities and values are (the architecture table's ``own_attention``): the
+            model runs eager with ``output_attentions`` and each of ``blocks`` keeps its own.
 
     Returns:
         Internals: one entry per attention call, in call order; for a model whose attention
@@ -184,13 +193,17 @@ def capture_internals(
         raise ValueError("capture_internals keeps no probabilities with lean=True, so no gradients: use lean=False.")
     module, call, order, _ = prepared_call(forward_func, inputs, additional_forward_args, attention_mask)
     internals = Internals(order=order)
-    if lean:
-        internals.implementation = outermost(hf_models(module))[0].config._attn_implementation
+    if own is not None:
+        attention = _own_attention_recording(module, own, internals, blocks or [])
+    elif lean:
         register_attention(_LEAN_NAME, _lean_internals_attention, sdpa_mask)  # the masks sdpa gets: bool, or None
+        attention = implementation(module, _LEAN_NAME)
     else:
         register_attention(_NAME, _internals_attention, eager_mask)  # the additive masks eager attention gets
-    name = _LEAN_NAME if lean else _NAME
-    with unchanged(module), _recording(module, internals, blocks or [], after_block), implementation(module, name):
+        attention = implementation(module, _NAME)
+    with unchanged(module), _recording(module, internals, blocks or [], after_block), attention as entered:
+        if lean and own is None:  # read under the model's lock: the implementation the lean attention delegates to
+            internals.implementation = entered(outermost(hf_models(module))[0])
         with torch.set_grad_enabled(gradients):
             internals.output = call()
     if not internals.probabilities and gradients and not blocks:
@@ -210,19 +223,72 @@ def _returned_attentions(module: nn.Module, call: Callable[[], Any]) -> tuple[An
     (their gradient is the output's gradient with respect to the attention)."""
     targets = outermost(hf_models(module))
     returned: list[Any] = []
-    saved = [model.config.output_attentions for model in targets]
-    with unchanged(module), eager_attention(module), torch.enable_grad():
+    with unchanged(module), _attentions_returned(module), torch.enable_grad():
         handles = [model.register_forward_hook(lambda _model, _args, output: returned.append(output)) for model in targets]
         try:
-            for model in targets:
-                model.config.output_attentions = True
             output = call()
         finally:
             for handle in handles:
                 handle.remove()
+    return output, list(attentions_of(returned[0]))
+
+
+@contextlib.contextmanager
+def _attentions_returned(module: nn.Module) -> Iterator[None]:
+    """The Hugging Face models in ``module`` run eager attention, their scores as loaded
+    (:func:`~captum_attnflow.hf.architectures.scores_as_loaded`), and, the outermost ones, with
+    ``output_attentions`` set, for the block; restored on exit."""
+    targets = outermost(hf_models(module))
+    saved = [model.config.output_attentions for model in targets]
+    with eager_attention(module), scores_as_loaded(module):
+        try:
+            for model in targets:
+                model.config.output_attentions = True
+            yield
+        finally:
             for model, value in zip(targets, saved):
                 model.config.output_attentions = value
-    return output, list(attentions_of(returned[0]))
+
+
+@contextlib.contextmanager
+def _own_attention_recording(
+    module: nn.Module, own: OwnAttention, internals: Internals, blocks: list[nn.Module]
+) -> Iterator[None]:
+    """Each of ``blocks`` keeps, as its attention module returns them, its probabilities, its
+    values (split from its projections' outputs, grouped-query heads repeated) and that module,
+    the model running as :func:`_attentions_returned` says."""
+
+    def recorder(block: nn.Module) -> list[Any]:
+        outputs: dict[int, Tensor] = {}  # each projection's first output of the call (DeBERTa's run twice)
+
+        def keep(index: int) -> Callable[..., None]:
+            def hook(_module: nn.Module, _args: tuple, output: Tensor) -> None:
+                outputs.setdefault(index, output)
+
+            return hook
+
+        def record(attention: nn.Module, _args: tuple, output: tuple) -> None:
+            probabilities = output[1]
+            value = own.split(block, [outputs[index] for index in range(len(outputs))])[2]
+            heads = probabilities.shape[1]
+            values = value.repeat_interleave(heads // value.shape[1], dim=1) if value.shape[1] != heads else value
+            internals.probabilities.append(probabilities)
+            internals.values.append(values.detach())
+            internals.modules.append(attention)
+            outputs.clear()
+
+        projections = own.projections(block)
+        return [projection.register_forward_hook(keep(index)) for index, projection in enumerate(projections)] + [
+            own.module(block).register_forward_hook(record)
+        ]
+
+    with _attentions_returned(module):
+        handles = [handle for block in dict.fromkeys(blocks) for handle in recorder(block)]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
 
 
 def prepared_call(

@@ -49,7 +49,7 @@ from transformers.utils.generic import TransformersKwargs
 
 from captum_attnflow.capture.lean_blocks import AttentionScores, _scratch_size, fused_blocks, fused_rows, row_product
 from captum_attnflow.hf.models import hf_models
-from captum_attnflow.hf.state import exclusive, implementation, register_attention, uses_substituted_attention
+from captum_attnflow.hf.state import implementation, register_attention, uses_substituted_attention
 
 LEAN_MODEL_TYPES = frozenset(
     {"bert", "roberta", "xlm-roberta", "distilbert", "electra", "albert", "modernbert",
@@ -268,14 +268,13 @@ def lean_capture(
     afterwards, also when the call raises; the model is locked against other threads for the block.
     """
     register_attention(_NAME, _lean_attention, sdpa_mask)  # the masks sdpa gets: bool, or None to skip
-    with exclusive(model):
-        capture = LeanCapture(model.config.num_hidden_layers, head_fusion, model.config._attn_implementation, device)
+    with implementation(model, _NAME) as own:
+        capture = LeanCapture(model.config.num_hidden_layers, head_fusion, own(model), device)
         modules = list(model.modules())
         try:
             for module in modules:
                 _CAPTURES[module] = capture
-            with implementation(model, _NAME):
-                yield capture
+            yield capture
         finally:
             for module in modules:
                 _CAPTURES.pop(module, None)

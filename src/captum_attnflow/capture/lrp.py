@@ -15,7 +15,13 @@ forward values untouched (each rule returns the model's own output, only its gra
   half of the relevance; q and k a half of the half A receives); the softmax keeps its plain
   gradient, which in gradient × input form is the paper's Proposition 3.1,
   :math:`R_{in} = s_{in} \\odot (R_{out} - p \\sum R_{out})` with s the scores and p the
-  probabilities;
+  probabilities. Gemma 2's soft-capping :math:`c \\tanh(s / c)` of the scores, an element-wise
+  function before the softmax, takes the identity rule (:func:`_capped_attention`);
+* the families whose attention runs in their own modules (DeBERTa, MPNet, BLOOM, Falcon; the
+  table's ``own_attention``) run eager, with the same factors on their query, key and value
+  projections' outputs (linear maps of q, k, v: the same rule); the other terms of their scores
+  (relative positions, ALiBi) are biases: each a leaf of its own, which takes its share
+  :math:`t \\odot \\tilde\\nabla_t` and passes nothing on, as the ε-rule gives a bias;
 * forward hooks on the norms: LayerNorm and RMSNorm by the identity rule on their division,
   :math:`1/\\sigma` held constant (LayerNorm's centring and both affine parts keep their gradient);
 * forward hooks on element-wise activations (GELU, SiLU, tanh, ...): the identity rule,
@@ -29,8 +35,8 @@ The relevance of token j is :math:`\\sum_d e_{jd} \\tilde\\nabla_{e_{jd}} y_t`, 
 embeddings (the input embedding layer's output; for a vision transformer the patch embeddings
 and its learned class tokens; for an encoder-decoder two leaves, the encoder's and the decoder's
 token embeddings, its cross-attention under the same rule as self-attention,
-:func:`seq2seq_attnlrp_forward`). The model is left as it was (attention implementation, mode,
-hooks), also when the call raises.
+:func:`~captum_attnflow.capture.seq2seq_lrp.seq2seq_attnlrp_forward`). The model is left as it
+was (attention implementation, mode, hooks), also when the call raises.
 """
 
 from __future__ import annotations
@@ -50,14 +56,21 @@ from transformers.pytorch_utils import Conv1D
 
 from captum_attnflow.capture.lean import scale_and_causality
 from captum_attnflow.capture.lean_blocks import attends_causally
-from captum_attnflow.capture.lrp_rules import _function_activation_hooks, _GradientScale, _rule_hooks
+from captum_attnflow.capture.lrp_rules import (
+    _function_activation_hooks,
+    _GradientScale,
+    _IdentityRule,
+    _multihead_attention_hooks,
+    _output_activation_hooks,
+    _rule_hooks,
+)
 from captum_attnflow.capture.maps import in_run_order, real_tokens_first_call
-from captum_attnflow.capture.seq2seq import _check_encoder_decoder
 from captum_attnflow.hf.architectures import Architecture, architecture_of
 from captum_attnflow.hf.inputs import as_tuple, check_mask_not_in_args, mask_keyword
 from captum_attnflow.hf.models import check_device, main_model, owning_module
 from captum_attnflow.hf.scores import input_embeddings, kept_in, kept_logits, logit_rows
-from captum_attnflow.hf.state import implementation, register_attention, relevance_rules, unchanged
+from captum_attnflow.hf.own_attention import qkv_factors
+from captum_attnflow.hf.state import eager_attention, implementation, register_attention, relevance_rules, unchanged
 
 _NAME = "captum_attnflow_attnlrp"
 
@@ -78,9 +91,12 @@ class LRPRun:
         attention: the attention function the model was loaded with (transformers' interface).
         others: (B, ..., D) the outputs of the model's other embedding layers (position and
             token-type tables), as leaves; recorded only for :meth:`shares`.
-        biased: ``(output (B, ..., D_out), bias (D_out,))`` of every call of a layer with a bias
-            (linear layers, LayerNorms), the output whose gradient is the bias's; recorded only
-            for :meth:`shares`.
+        score_terms: the terms of the attention scores other than :math:`q k^\\top` of a family
+            whose attention runs in its own module (relative positions, ALiBi), each a leaf
+            (batch first, (B, ...) or (B H, ...)).
+        biased: ``(output (B, ..., D_out), bias (D_out,), name)`` of every call of a layer with a
+            bias (linear layers, LayerNorms), the output whose gradient is the bias's; recorded
+            only for :meth:`shares`.
         kept: the run's positions whose logits a language model computed (its
             ``logits_to_keep``, :func:`~captum_attnflow.hf.scores.kept_logits`), or None for all.
         decoder_embeddings, decoder_tokens: (B, m, D) an encoder-decoder's second leaf, the
@@ -95,7 +111,8 @@ class LRPRun:
     attended: bool = False
     attention: Callable[..., tuple[Tensor, Any]] = sdpa_attention_forward
     others: list[Tensor] = field(default_factory=list)
-    biased: list[tuple[Tensor, Tensor]] = field(default_factory=list)
+    score_terms: list[Tensor] = field(default_factory=list)
+    biased: list[tuple[Tensor, Tensor, str]] = field(default_factory=list)
     kept: Tensor | None = None
     decoder_embeddings: Tensor | None = None
     decoder_tokens: Tensor | None = None
@@ -127,30 +144,39 @@ class LRPRun:
 
         * ``"tokens"``: :math:`\\sum_j R_j`, the token embeddings' relevance;
         * ``"other_embeddings"``: the position and token-type embeddings' (the other embedding
-          tables, a vision transformer's position embeddings);
+          tables, a vision transformer's position embeddings), and the score terms' (relative
+          positions, ALiBi);
         * ``"biases"``: :math:`\\sum b \\cdot \\tilde\\nabla_b\\, y`, what the biases of the linear
           layers and LayerNorms keep (the ε-rule at ε = 0 gives a bias its share of the output);
         * ``"softmax"``: the rest of the score, what the softmax linearisation loses (every other
           rule conserves).
         """
-        biased = [output for output, _ in self.biased if output.requires_grad]
-        leaves = [self.embeddings, *self.others, *biased]
+        biased = [(output, bias, name) for output, bias, name in self.biased if output.requires_grad]
+        others = [*self.others, *self.score_terms]
+        leaves = [self.embeddings, *others, *(output for output, _, _ in biased)]
         gradients = torch.autograd.grad(score.sum(), leaves, retain_graph=retain_graph, allow_unused=True)
+        batch = score.shape[0]
 
         def kept(value: Tensor, gradient: Tensor | None) -> Tensor:
             if gradient is None:
                 return score.new_zeros(score.shape)
-            return (value * gradient).reshape(score.shape[0], -1).sum(1).to(score.dtype)  # rows flattened batch first
+            return (value * gradient).reshape(batch, -1).sum(1).to(score.dtype)  # rows flattened batch first
 
         tokens = kept(self.tokens, gradients[0])
-        others = kept(self.embeddings.detach() - self.tokens, gradients[0])  # a vision transformer's positions
-        others = others + sum((kept(o.detach(), g) for o, g in zip(self.others, gradients[1:])), score.new_zeros(score.shape))
-        biases = [bias for output, bias in self.biased if output.requires_grad]
-        kept_by_biases = sum((kept(b, g) for b, g in zip(biases, gradients[1 + len(self.others) :])),
-                             score.new_zeros(score.shape))
+        kept_by_others = kept(self.embeddings.detach() - self.tokens, gradients[0])  # a vision transformer's positions
+        kept_by_others = kept_by_others + sum((kept(o.detach(), g) for o, g in zip(others, gradients[1:])),
+                                              score.new_zeros(score.shape))
+        kept_by_biases = score.new_zeros(score.shape)
+        for (output, bias, name), gradient in zip(biased, gradients[1 + len(others) :]):
+            if gradient is not None and output.shape[0] % batch:
+                raise ValueError(
+                    f"AttnLRP's shares need each layer's output with the batch first (or batch and tokens flattened, "
+                    f"batch first); {name} returned {tuple(output.shape)} for a batch of {batch}."
+                )
+            kept_by_biases = kept_by_biases + kept(bias, gradient)
         score = score.detach()
-        return {"tokens": tokens, "other_embeddings": others, "biases": kept_by_biases,
-                "softmax": score - tokens - others - kept_by_biases}
+        return {"tokens": tokens, "other_embeddings": kept_by_others, "biases": kept_by_biases,
+                "softmax": score - tokens - kept_by_others - kept_by_biases}
 
 
 _CURRENT: contextvars.ContextVar[LRPRun | None] = contextvars.ContextVar("captum_attnflow_attnlrp", default=None)
@@ -165,18 +191,51 @@ def _attnlrp_attention(
         _, causal = scale_and_causality(module, query, attention_mask, kwargs.get("scaling"), kwargs)
         run.causal = query.shape[-2] > 1 and attends_causally(query.shape[-2], attention_mask, causal)
     query, key, value = _GradientScale.apply(query, 0.25), _GradientScale.apply(key, 0.25), _GradientScale.apply(value, 0.5)
+    if kwargs.get("softcap") is not None:
+        return _capped_attention(module, query, key, value, attention_mask, **kwargs), None
     return run.attention(module, query, key, value, attention_mask, **kwargs)[0], None
 
 
+def _capped_attention(
+    module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None, softcap: float,
+    scaling: float | None = None, **kwargs: Any,
+) -> Tensor:
+    """(B, n, H, d) the output of an attention call whose scores are soft-capped,
+    :math:`c \\tanh(q k^\\top s / c) + M` (Gemma 2), as the family's eager attention computes it,
+    the cap by the identity rule (gradient :math:`c \\tanh(x / c) / x`). ``attention_mask``:
+    sdpa's (bool, True = attend; None where the call is causal or unmasked)."""
+    scale, causal = scale_and_causality(module, query, attention_mask, scaling, kwargs)
+    heads, queries, keys = query.shape[1], query.shape[2], key.shape[2]
+    key, value = (x.repeat_interleave(heads // x.shape[1], dim=1) for x in (key, value))
+    scores = torch.matmul(query, key.transpose(2, 3)) * scale
+    capped = _IdentityRule.apply(scores, torch.tanh(scores.detach() / softcap) * softcap, 1.0)
+    if attention_mask is None and causal:
+        attention_mask = torch.ones(queries, keys, dtype=torch.bool, device=query.device).tril(keys - queries)
+    if attention_mask is not None:
+        capped = capped.masked_fill(~attention_mask, torch.finfo(capped.dtype).min)
+    # in float32 at least, as eager attention (a float64 model in float64: no row of padding turns NaN)
+    probabilities = torch.softmax(capped, dim=-1, dtype=torch.promote_types(capped.dtype, torch.float32)).to(query.dtype)
+    return torch.matmul(probabilities, value).transpose(1, 2).contiguous()
+
+
 @contextlib.contextmanager
-def _rules(model: nn.Module, architecture: Architecture, blocks: list[nn.Module], run: LRPRun) -> Iterator[None]:
-    """Install the rules and the embedding leaf on ``model`` for the block; removed on exit."""
+def _rules(
+    model: nn.Module, architecture: Architecture, blocks: list[nn.Module], run: LRPRun,
+    leaves: Callable[[nn.Module, LRPRun], list[Any]] | None = None,
+) -> Iterator[None]:
+    """Install the rules and the embedding leaf on ``model`` for the block; removed on exit.
+    ``leaves``: ``(model, run) -> handles`` of the hooks making the run's leaves, where they are
+    not the input embeddings' output (an encoder-decoder's two)."""
     handles = [module.register_forward_hook(hook) for module, hook in _rule_hooks(model, architecture, blocks)]
-    handles += _embedding_hooks(model, architecture, run)
+    handles += _embedding_hooks(model, architecture, run) if leaves is None else leaves(model, run)
     handles += _function_activation_hooks(model, architecture)
+    handles += _output_activation_hooks(model, architecture)
+    handles += _multihead_attention_hooks(model)
     token = _CURRENT.set(run)
     try:
-        with relevance_rules():
+        with relevance_rules(), contextlib.ExitStack() as stack:
+            if architecture.own_attention is not None:
+                handles += _own_attention_rules(architecture, blocks, run, stack)
             yield
     finally:
         _CURRENT.reset(token)
@@ -184,13 +243,45 @@ def _rules(model: nn.Module, architecture: Architecture, blocks: list[nn.Module]
             handle.remove()
 
 
+def _own_attention_rules(architecture: Architecture, blocks: list[nn.Module], run: LRPRun,
+                         stack: contextlib.ExitStack) -> list[Any]:
+    """The attention rules on a family whose attention runs in its own modules: its query, key
+    and value projections' outputs with gradients scaled by 1/4, 1/4, 1/2, its score terms as
+    leaves, their gradient halved (entered on ``stack``); and the run's ``attended`` and
+    ``causal`` set by its attention modules. Returns the hooks' handles."""
+    own = architecture.own_attention
+
+    def leaf(term: Any) -> Any:
+        if not isinstance(term, Tensor):
+            return term
+        run.score_terms.append(term.detach().requires_grad_())
+        # The probabilities take half of A v's relevance (the uniform rule), and with them the
+        # scores: the queries and keys carry that half in their 1/4 = 1/2 · 1/2, a score term here.
+        return _GradientScale.apply(run.score_terms[-1], 0.5)
+
+    def scaled(factor: Tensor) -> Callable[[nn.Module, tuple, Tensor], Tensor]:
+        return lambda _module, _args, output: _GradientScale.apply(output, factor.to(output.device, output.dtype))
+
+    def attended(_module: nn.Module, _args: tuple, _output: Any) -> None:
+        run.attended = True
+        run.causal = own.causal and run.tokens.shape[1] > 1
+
+    handles = []
+    for block in dict.fromkeys(blocks):  # a shared block (ALBERT) is listed once per call
+        for projection, factor in zip(own.projections(block), qkv_factors(own, block, (0.25, 0.25, 0.5))):
+            handles.append(projection.register_forward_hook(scaled(factor)))
+        handles.append(own.module(block).register_forward_hook(attended))
+        stack.enter_context(own.score_terms(block, leaf))
+    return handles
+
+
 def _embedding_hooks(model: nn.Module, architecture: Architecture, run: LRPRun) -> list[Any]:
-    """Hooks making the first output of the token embeddings the run's leaf (vision transformers:
-    the embedded sequence, with its class tokens and patches as the tokens)."""
-    if architecture.cross_attention is not None and getattr(model.config, "is_encoder_decoder", False):
-        return _seq2seq_embedding_hooks(model, run)
+    """Hooks making the first output of the token embeddings the run's leaf (vision transformers,
+    whose input embedding is their patch embedding: the embedded sequence, with its class tokens
+    and patches as the tokens, the patches the patch embedding's output, a convolution's
+    (B, D, h, w) flattened to (B, h w, D) as the embeddings flatten it)."""
     embedding = input_embeddings(model)
-    if not architecture.class_tokens:
+    if isinstance(embedding, nn.Embedding):
 
         def leaf(module: nn.Module, args: tuple, output: Tensor) -> Tensor | None:
             if run.embeddings is not None:
@@ -205,7 +296,7 @@ def _embedding_hooks(model: nn.Module, architecture: Architecture, run: LRPRun) 
     patches: list[Tensor] = []
 
     def keep_patches(module: nn.Module, args: tuple, output: Tensor) -> None:
-        patches.append(output.detach())
+        patches.append(output.detach().flatten(2).transpose(1, 2) if output.dim() == 4 else output.detach())
 
     def sequence_leaf(module: nn.Module, args: tuple, output: Tensor) -> Tensor | None:
         if run.embeddings is not None:
@@ -224,28 +315,10 @@ def _embedding_hooks(model: nn.Module, architecture: Architecture, run: LRPRun) 
     return [embedding.register_forward_hook(keep_patches), owner.register_forward_hook(sequence_leaf)]
 
 
-def _seq2seq_embedding_hooks(model: nn.Module, run: LRPRun) -> list[Any]:
-    """Hooks making an encoder-decoder's token embeddings the run's two leaves: the first call
-    (the encoder runs first) ``run.embeddings``, the second ``run.decoder_embeddings`` (one
-    module or two: the tables are often shared)."""
-
-    def leaf(module: nn.Module, args: tuple, output: Tensor) -> Tensor | None:
-        if run.decoder_embeddings is not None:
-            return None
-        embeddings = output.detach().requires_grad_()
-        if run.embeddings is None:
-            run.embeddings, run.tokens = embeddings, embeddings.detach()
-        else:
-            run.decoder_embeddings, run.decoder_tokens = embeddings, embeddings.detach()
-        return embeddings
-
-    tables = [model.get_encoder().get_input_embeddings(), model.get_decoder().get_input_embeddings()]
-    return [table.register_forward_hook(leaf) for table in dict.fromkeys(tables)]
-
-
-def _share_hooks(model: nn.Module, run: LRPRun, batch: int) -> list[Any]:
+def _share_hooks(model: nn.Module, architecture: Architecture, run: LRPRun, batch: int) -> list[Any]:
     """Hooks recording, for :meth:`LRPRun.shares`, the other embedding tables' outputs (as leaves,
-    one row per example of the ``batch``) and the output of every layer with a bias.
+    one row per example of the ``batch``; not the tables of score terms, whose share is booked
+    where they enter the scores) and the output of every layer with a bias.
 
     Raises:
         ValueError: a layer with a bias other than a linear layer or a LayerNorm (whose bias is not
@@ -259,14 +332,11 @@ def _share_hooks(model: nn.Module, run: LRPRun, batch: int) -> list[Any]:
         return leaf
 
     def biased(module: nn.Module, args: tuple, output: Tensor) -> None:
-        if output.shape[0] % batch:
-            raise ValueError(
-                f"AttnLRP's shares need each layer's output with the batch first (or batch and tokens flattened, "
-                f"batch first); {type(module).__name__} returned {tuple(output.shape)} for a batch of {batch}."
-            )
-        run.biased.append((output, module.bias.detach()))
+        run.biased.append((output, module.bias.detach(), type(module).__name__))
 
-    outside = [module for module in model.modules() if id(module) not in inside]
+    own = architecture.own_attention
+    tables = {id(m) for m in own.score_tables(model)} if own is not None else set()
+    outside = [module for module in model.modules() if id(module) not in inside | tables]
     with_bias = [module for module in outside if isinstance(getattr(module, "bias", None), Tensor)]
     for module in with_bias:
         if not isinstance(module, (nn.Linear, Conv1D, nn.LayerNorm)):
@@ -303,8 +373,8 @@ def attnlrp_forward(
 
     Raises:
         TypeError: ``forward_func`` holds no Hugging Face model.
-        ValueError: a model type outside the architecture table or whose rules are incomplete there,
-            or a model that ran no attention through transformers' interface.
+        ValueError: a model type outside the architecture table, a model whose config the rules
+            do not cover there, or a model that ran no attention.
     """
     module = owning_module(forward_func)
     model = main_model(forward_func)
@@ -319,11 +389,11 @@ def attnlrp_forward(
             "AttnLRP explains an encoder-decoder's decoder positions over the source and the target prefix: use "
             "AttnLRP(model).encoder_decoder_rows(input_ids, decoder_input_ids, target, ...) or LLMAttentionAttribution."
         )
-    if not architecture.lrp:
+    refused = architecture.lrp_refused(model.config) if architecture.lrp_refused is not None else None
+    if refused is not None:
         raise ValueError(
-            f"AttnLRP's rules do not cover the {model.config.model_type!r} models: a nonlinearity is a plain "
-            "function call no hook reaches, or the token embeddings are not a module's output (the row of "
-            "captum_attnflow.hf.architectures says which). Use a method of the registry without rules."
+            f"AttnLRP's rules do not cover this {model.config.model_type!r} model: {refused}. Use a method of the "
+            "registry without rules."
         )
     check_device(module, inputs)
     args = as_tuple(additional_forward_args)
@@ -339,10 +409,15 @@ def attnlrp_forward(
     run.kept = kept_logits(forward_func, None if positions is None else run.run_positions(positions))
     if run.kept is not None:
         kwargs["logits_to_keep"] = run.kept
-    run.attention = ALL_ATTENTION_FUNCTIONS.get(model.config._attn_implementation, sdpa_attention_forward)
-    register_attention(_NAME, _attnlrp_attention, sdpa_mask)  # the masks sdpa gets: bool, or None to skip
-    with unchanged(module), _rules(model, architecture, blocks, run), implementation(module, _NAME):
-        handles = _share_hooks(model, run, inputs.shape[0]) if shares else []
+    if architecture.own_attention is not None:  # its attention reads the additive masks eager attention gets
+        attention = eager_attention(module)
+    else:
+        register_attention(_NAME, _attnlrp_attention, sdpa_mask)  # the masks sdpa gets: bool, or None to skip
+        attention = implementation(module, _NAME)
+    with unchanged(module), attention as entered, _rules(model, architecture, blocks, run):
+        # Read under the model's lock: the implementation the attention rules delegate to.
+        run.attention = ALL_ATTENTION_FUNCTIONS.get(entered(model), sdpa_attention_forward)
+        handles = _share_hooks(model, architecture, run, inputs.shape[0]) if shares else []
         try:
             with torch.enable_grad():
                 run.output = forward_func(inputs, *args, **kwargs)
@@ -354,48 +429,5 @@ def attnlrp_forward(
         raise ValueError(
             f"{type(model).__name__} ran no attention through transformers' attention-function interface or never "
             "called its input embeddings; AttnLRP needs both (BERT, GPT-2, Llama, ViT, ... in transformers 5)."
-        )
-    return run
-
-
-def seq2seq_attnlrp_forward(
-    model: nn.Module,
-    input_ids: Tensor,
-    decoder_input_ids: Tensor,
-    attention_mask: Tensor | None = None,
-    decoder_attention_mask: Tensor | None = None,
-) -> LRPRun:
-    """Run an encoder-decoder once under AttnLRP's rules, its encoder's and its decoder's token
-    embeddings the run's two leaves (:meth:`LRPRun.relevance` gives (B, n_s + m)): the
-    cross-attention's :math:`q k^\\top` and :math:`A v` get the uniform rule as the
-    self-attention's, so relevance flows from a decoder position to the source tokens through the
-    encoder's outputs and to the target prefix through the decoder's self-attention and residual.
-
-    Args:
-        model: a Hugging Face encoder-decoder of the architecture table (BART, Marian, mBART,
-            M2M-100, T5).
-        input_ids: (B, n_s) source ids; ``attention_mask`` (B, n_s) their padding.
-        decoder_input_ids: (B, m) the decoder's inputs; ``decoder_attention_mask`` (B, m) their padding.
-
-    Raises:
-        ValueError: not an encoder-decoder of the architecture table, or one that ran no attention
-            through transformers' interface.
-    """
-    _check_encoder_decoder(model)
-    architecture, blocks = architecture_of(model, "AttnLRP")
-    if architecture.cross_attention is None or not architecture.lrp:
-        raise ValueError(f"AttnLRP has no encoder-decoder rules for the {model.config.model_type!r} models.")
-    check_device(model, input_ids)
-    run = LRPRun()
-    run.attention = ALL_ATTENTION_FUNCTIONS.get(model.config._attn_implementation, sdpa_attention_forward)
-    register_attention(_NAME, _attnlrp_attention, sdpa_mask)  # the masks sdpa gets: bool, or None to skip
-    with unchanged(model), _rules(model, architecture, blocks, run), implementation(model, _NAME):
-        with torch.enable_grad():
-            run.output = model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
-                               decoder_attention_mask=decoder_attention_mask, use_cache=False)
-    if not run.attended or run.decoder_embeddings is None:
-        raise ValueError(
-            f"{type(model).__name__} ran no attention through transformers' attention-function interface or never "
-            "called its decoder's input embeddings; AttnLRP needs both."
         )
     return run

@@ -6,18 +6,22 @@ equations are in :mod:`captum_attnflow.capture.lrp`, which installs them for one
   (:class:`_NormRule`);
 * element-wise activations: the identity rule, gradient :math:`f(x)/x` (:class:`_IdentityRule`);
 * the two factors of a gated unit: the uniform rule, the multiplied factor's gradient halved
-  (:class:`_GradientScale`).
+  (:class:`_GradientScale`); the bilinear products of torch's own ``nn.MultiheadAttention``
+  (SigLIP's pooling head), through the gradients of its inputs;
+* an element-wise function between the model's last module and its logits (Gemma 2's final
+  soft-capping): the identity rule, through hooks on that module and the model.
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable
 
 import torch
 import transformers.activations
 from torch import Tensor, nn
 
-from captum_attnflow.hf.architectures import RMS_NORMS, SCALED_RMS_NORMS, Architecture
+from captum_attnflow.hf.architectures import ACTIVATIONS, RMS_NORMS, SCALED_RMS_NORMS, Architecture
 from captum_attnflow.hf.dispatch import onloaded
 
 # Element-wise activations of torch (transformers' own are every module of transformers.activations).
@@ -147,8 +151,51 @@ def _function_activation_hooks(model: nn.Module, architecture: Architecture) -> 
     return handles
 
 
+def _output_activation_hooks(model: nn.Module, architecture: Architecture) -> list[Any]:
+    """The identity rule on the element-wise function the architecture lists between the model's
+    last module and its logits, ``logits = f(producer(x))`` (Gemma 2's final soft-capping): the
+    output's logits become ``f(z)`` with gradient ``f(z) / z`` with respect to the producer's
+    output z."""
+    found = architecture.output_activation(model) if architecture.output_activation is not None else None
+    if found is None:
+        return []
+    producer, function = found
+    produced: list[Tensor] = []
+
+    def keep(module: nn.Module, args: tuple, output: Tensor) -> None:
+        produced[:] = [output]
+
+    def rule(module: nn.Module, args: tuple, output: Any) -> Any:
+        z, y = produced[0], getattr(output, "logits", None)
+        if y is None or y.shape != z.shape or not torch.equal(function(z.detach()), y.detach()):
+            raise ValueError(
+                f"AttnLRP expected {type(module).__name__}'s logits to be {function.__name__} of its "
+                f"{type(producer).__name__}'s output (the architecture table's output_activation); they are not, "
+                "so the rule cannot be applied."
+            )
+        output.logits = _IdentityRule.apply(z, y.detach(), 1.0)
+        return output
+
+    return [producer.register_forward_hook(keep), model.register_forward_hook(rule)]
+
+
+def _multihead_attention_hooks(model: nn.Module) -> list[Any]:
+    """The uniform rule on the bilinear products of each ``nn.MultiheadAttention`` (SigLIP's
+    pooling head): its query, key and value inputs' gradients scaled by 1/4, 1/4, 1/2, its
+    projections of them being linear (as the attention function does to the projected ones)."""
+
+    def rule(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        bound = inspect.signature(module.forward).bind(*args, **kwargs)
+        for name, factor in (("query", 0.25), ("key", 0.25), ("value", 0.5)):
+            bound.arguments[name] = _GradientScale.apply(bound.arguments[name], factor)
+        return bound.args, bound.kwargs
+
+    return [m.register_forward_pre_hook(rule, with_kwargs=True) for m in model.modules() if isinstance(m, nn.MultiheadAttention)]
+
+
 def _is_activation(module: nn.Module) -> bool:
-    return isinstance(module, _TORCH_ACTIVATIONS) or type(module).__module__ == transformers.activations.__name__
+    return (isinstance(module, _TORCH_ACTIVATIONS) or type(module).__module__ == transformers.activations.__name__
+            or type(module).__name__ in ACTIVATIONS)
 
 
 def _rule_hooks(model: nn.Module, architecture: Architecture, blocks: list[nn.Module]) -> list[tuple[nn.Module, Callable]]:

@@ -11,6 +11,7 @@ from transformers import PreTrainedModel
 
 from captum_attnflow.capture.lean import lean_capture, supports_lean
 from captum_attnflow.functional import AttentionGraph, attention_graph
+from captum_attnflow.hf.architectures import scores_as_loaded
 from captum_attnflow.hf.inputs import as_tuple, check_mask_not_in_args, mask_keyword, real_tokens_first, reorder_tokens
 from captum_attnflow.hf.models import check_device, encoder_of, hf_models, outermost, owning_module
 from captum_attnflow.hf.state import eager_attention, exclusive, unchanged
@@ -188,7 +189,7 @@ def _model_attentions(
     check_mask_not_in_args(model, args, attention_mask)
     runner = encoder_of(model, args)
     inputs, args, kwargs, order = real_tokens_first_call(inputs, args, attention_mask)
-    with eager_attention(model), unchanged(model):
+    with eager_attention(model), unchanged(model), scores_as_loaded(model):
         attentions = attentions_of(runner(inputs, *args, output_attentions=True, **kwargs))
     if order is None:
         return attentions
@@ -258,7 +259,7 @@ def _captured_attentions(
         handles = [model.register_forward_pre_hook(check_mask, with_kwargs=True) for model in targets]
         handles += [model.register_forward_hook(keep_output) for model in targets]
         try:
-            with eager_attention(module):
+            with eager_attention(module), scores_as_loaded(module):
                 for model in targets:
                     model.config.output_attentions = True
                 call()

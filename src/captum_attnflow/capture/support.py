@@ -6,8 +6,9 @@ eager attention stores; gradient-weighted rollout does the same on
 :data:`~captum_attnflow.capture.attention_gradients.GRADIENT_MODEL_TYPES`; value zeroing, ALTI, the
 attention norms and AttnLRP need the block internals of
 :data:`~captum_attnflow.hf.architectures.ARCHITECTURES` (an encoder-decoder's on the joint graph of
-its encoder, decoder and cross-attention, through the methods' ``encoder_decoder_rows``). :func:`support_table` writes that out as
-the documentation's table (``docs/families.md``, which a test keeps equal to it).
+its encoder, decoder and cross-attention, through the methods' ``encoder_decoder_rows``).
+:func:`support_table` writes that out as the documentation's table (``docs/families.md``, which a
+test keeps equal to it).
 """
 
 from __future__ import annotations
@@ -55,15 +56,15 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "bundled tagger": ("captum_attnflow_tagger",),
 }
 
-# Why a family lacks the block internals, or AttnLRP, where it does.
-_WITHOUT_INTERNALS = {
-    "deberta-v2": "attention computed outside transformers' interface (relative-position terms)",
-    "mpnet": "attention computed outside transformers' interface (relative position bias)",
-    "falcon": "attention computed outside transformers' interface (ALiBi)",
-    "bloom": "attention computed outside transformers' interface (ALiBi)",
-    "dinov2": "AttnLRP: the patch convolution's output is flattened outside any module",
-    "gemma2": "AttnLRP: soft-capping (in the attention and a plain tanh on the final logits) has no rule",
-    "clip_vision_model": "AttnLRP: the patch convolution's output is flattened outside any module",
+# How a family's attention reaches the methods, where it is not transformers' interface; why it
+# lacks the block internals.
+_NOTES = {
+    "deberta-v2": "attention in its own modules: relative-position terms, AttnLRP's score biases; "
+                  "AttnLRP not with v2-xlarge's convolution layer",
+    "mpnet": "attention in its own modules: relative position bias, AttnLRP's score bias",
+    "falcon": "attention in its own modules: ALiBi (once, as sdpa adds it), AttnLRP's score bias; or rotary positions",
+    "bloom": "attention in its own modules: ALiBi, AttnLRP's score bias",
+    "gemma2": "AttnLRP: soft-capping by the identity rule",
 }
 
 _HEADER = (
@@ -84,21 +85,22 @@ def _one(types: tuple[str, ...], members: Collection[str], yes: str, no: str) ->
 def support_table() -> str:
     """The families x methods table as markdown: for each family of :data:`FAMILIES`, how each
     method captures its attention, **lean** (recomputed from the queries and keys, no (H, n, n)
-    map stored) or **stored** (eager attention's maps), and whether the methods that read
-    the block internals and AttnLRP run (**yes** / **no**, with the reason).
+    map stored) or **stored** (eager attention's maps, or those a family's own attention modules
+    return), or **no** for the methods that read the block internals where the table has no
+    row, and whether AttnLRP runs (**yes** / **no**), with a note.
 
     Example::
 
         >>> from captum_attnflow.capture.support import support_table
         >>> [row for row in support_table().splitlines() if row.startswith("| Qwen3 ")]
-        ['| Qwen3 | qwen3 | lean | lean | yes | yes |  |']
+        ['| Qwen3 | qwen3 | lean | lean | lean | yes |  |']
     """
     rows = []
     for family, types in FAMILIES.items():
         maps = _one(types, LEAN_MODEL_TYPES, "lean", "stored")
         gradients = _one(types, GRADIENT_MODEL_TYPES, "lean", "stored")
-        internals = _one(types, ARCHITECTURES, "yes", "no")
-        rules = _one(types, {t for t in types if t in ARCHITECTURES and ARCHITECTURES[t].lrp}, "yes", "no")
-        note = "" if rules == "yes" else _WITHOUT_INTERNALS.get(types[0], "")
+        internals = _one(types, ARCHITECTURES, maps, "no")  # the per-head maps as raw attention reads them
+        rules = _one(types, ARCHITECTURES, "yes", "no")
+        note = _NOTES.get(types[0], "")
         rows.append(f"| {family} | {', '.join(types)} | {maps} | {gradients} | {internals} | {rules} | {note} |\n")
     return _HEADER + "".join(rows)

@@ -25,12 +25,13 @@ import argparse
 import sys
 from typing import Sequence
 
-from captum_attnflow.cli import adversarial, benchmark, explain, figures, generate, reproduce
+from captum_attnflow.cli import _common as common
+from captum_attnflow.cli import adversarial, benchmark, cite, explain, figures, generate, reproduce
 
 # The commands in the order ``--help`` lists them. Each module declares its command: ``HELP``
 # and ``DESCRIPTION`` (its line in the list and its own ``--help``), ``add_arguments(parser)``
 # and ``run(args)``; the sub-parser is named after the module.
-COMMANDS = (explain, figures, reproduce, generate, adversarial, benchmark)
+COMMANDS = (explain, figures, reproduce, generate, cite, adversarial, benchmark)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -67,6 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
+        if hasattr(args, "device"):
+            common.check_placement(args)
         return args.run(args)
     except (ValueError, TypeError, OSError) as error:
         print(f"captum-attnflow {args.command}: error: {error}", file=sys.stderr)
@@ -76,8 +79,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="captum-attnflow",
-        description="Attention rollout and attention flow (Abnar & Zuidema, ACL 2020) on the bundled "
-        "subject-verb agreement model.",
+        description="Attention rollout and attention flow (Abnar & Zuidema, ACL 2020) and the other attention "
+        "attributions, on the bundled models or on yours: every command that explains a model takes "
+        "--model NAME_OR_DIR.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS:

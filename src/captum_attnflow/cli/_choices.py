@@ -16,7 +16,8 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
 
 # The benchmark: its tasks, the random floor's name, and --quick's examples and methods.
-BENCHMARK_TASKS = ("agreement", "lm", "similarity", "chunking")
+BENCHMARK_TASKS = ("agreement", "lm", "similarity", "chunking", "context")
+CONTEXT_PEERS = ("leave-one-out", "attntrace", "contextcite-64", "contextcite-256")
 FLOOR = "random"
 QUICK_EXAMPLES = 16
 QUICK_METHODS = ("rollout", "alti", "gradient_rollout", "saliency", FLOOR)

@@ -71,6 +71,17 @@ def placement(args: argparse.Namespace) -> dict[str, Any]:
     return dict(device=device, dtype=args.dtype, device_map=args.device_map)
 
 
+def check_placement(args: argparse.Namespace) -> None:
+    """Refuse a ``--device`` this torch cannot use (an unknown name, CUDA on a CPU-only build or
+    a machine without a GPU, a missing ``cuda:N``) with torch alone, before the command imports
+    transformers and Captum to load the model, which would check the same later."""
+    device = placement(args)["device"]
+    if device is not None:
+        from captum_attnflow.devices import resolve_device
+
+        resolve_device(device)
+
+
 def model_directory(name: str) -> Path:
     """The directory ``--model NAME_OR_DIR`` names: a directory saved with ``save_pretrained``, or
     the snapshot of a Hub model in the local Hugging Face cache (``HF_HUB_CACHE``, ``HF_HOME``),

@@ -18,14 +18,15 @@ HELP = "rank attribution methods by faithfulness: a leaderboard with confidence 
 DESCRIPTION = (
     f"Every method explains held-out examples of each task ({', '.join(choices.BENCHMARK_TASKS)}); faithfulness (AOPC "
     "comprehensiveness and sufficiency, log-odds, deletion-curve area, and the agreement data's subject-first "
-    "ground truth) per method with bootstrap intervals and Holm-adjusted Wilcoxon tests, and each method's time "
-    "per example. Writes leaderboard.md, leaderboard.csv and leaderboard.png to DIR."
+    "ground truth) per method with bootstrap intervals and Holm-adjusted Wilcoxon tests, the methods' average ranks "
+    "across the tasks (Friedman and Nemenyi tests), and each method's time per example. Writes leaderboard.md, "
+    "leaderboard.csv, leaderboard.png, critical_difference.png and report.html to DIR."
 )
 
 
 def add_arguments(benchmark: argparse.ArgumentParser) -> None:
     """The arguments of ``benchmark``."""
-    names = (*choices.METHODS, *choices.EXTRA_METHODS, choices.FLOOR)
+    names = (*choices.METHODS, *choices.EXTRA_METHODS, choices.FLOOR, *choices.CONTEXT_PEERS)
     tasks = choices.BENCHMARK_TASKS
     benchmark.add_argument("--tasks", nargs="+", choices=tasks, default=tasks, metavar="TASK",
                            help=f"tasks (default: {' '.join(tasks)})")
@@ -50,13 +51,19 @@ def add_arguments(benchmark: argparse.ArgumentParser) -> None:
     )
     options.add_model(mine, "your model, with its tokenizer")
     mine.add_argument("--data", type=Path, metavar="FILE", help="a .csv, .tsv, .jsonl or .parquet file")
-    for column, default, text in (
-        ("text", "text", "a classifier's input text"), ("pair", None, "the second text of sentence pairs"),
-        ("label", None, "the gold class to explain (default: the predicted one)"), ("prompt", "prompt", "a language model's prompt"),
-        ("target", None, "the continuation whose first token is explained (default: the greedy next token)"),
-        ("contrast", None, "explain target rather than this class / text (contrastive)"),
+    for column, default, text, without in (  # without: what is used when the column is not named
+        ("text", "text", "a classifier's input text", None), ("pair", None, "the second text of sentence pairs", "none"),
+        ("label", None, "the gold class to explain", "the predicted one"), ("prompt", "prompt", "a language model's prompt", None),
+        ("target", None, "the continuation whose first token is explained", "the greedy next token"),
+        ("contrast", None, "explain target rather than this class / text (contrastive)", "none"),
+        ("context", None, "a causal LM's context of sources: the context task (which source the answer came from)", "none"),
+        ("question", "question", "the context task's question, asked after the context", None),
+        ("answer", "answer", "the context task's answer, explained", None),
+        ("gold", None, "the context task's gold source: its index or a piece of its text", "none"),
     ):
-        mine.add_argument(f"--{column}-column", default=default, metavar="NAME", help=f"{text} (default: {default})")
+        mine.add_argument(f"--{column}-column", default=default, metavar="NAME", help=f"{text} (default: {default or without})")
+    mine.add_argument("--by", choices=("sentence", "paragraph", "line"), default="sentence",
+                      help="the context task's sources: sentences, paragraphs or lines of the context (default: sentence)")
     mine.add_argument("--deletion", choices=("remove", "mask", "unk", "pad"), default="remove",
                       help="delete tokens from the attention mask (default) or write this token in their place")
     options.add_seed(mine, "the drawn rows and the random floor")
@@ -77,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
         data = load_data(args.data)
         model, tokenizer = load_model(common.model_directory(args.model), **common.placement(args))
         columns = Columns(args.text_column, args.pair_column, args.label_column, args.prompt_column,
-                          args.target_column, args.contrast_column)
+                          args.target_column, args.contrast_column, args.context_column, args.question_column,
+                          args.answer_column, args.gold_column, args.by)
         result = run_user_benchmark(
             model, tokenizer, data, columns, methods, examples, args.seed, args.batch_size, args.deletion,
             name=args.data.stem, show_progress=not args.no_progress, checkpoint_dir=args.checkpoint_dir,

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     import torch
 
 DEFAULT_HEATMAP = Path("captum_attnflow_explain.png")
-HELP = "explain the model's verb-number prediction for a sentence"
+HELP = "explain a classifier's prediction for a sentence (the bundled verb-number model unless --model)"
 DESCRIPTION = (
     "Predict the number of the verb that would follow SENTENCE (singular or plural), print each token's score "
     "and write a layers x tokens heatmap (the paper's Figures 2-3). Attention methods explain the CLS token "

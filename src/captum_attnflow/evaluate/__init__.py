@@ -1,7 +1,7 @@
 """Evaluation of token attributions: Spearman against references, layer by layer; faithfulness
 (AOPC, log-odds, deletion curves, perturbation AUC, a ground truth) with bootstrap intervals and
-paired tests; context attribution over a prompt's sources (top-k drop, LDS, gold precision and
-recall)."""
+paired tests; average ranks across tasks with Friedman's and Nemenyi's tests; context attribution over
+a prompt's sources (top-k drop, LDS, gold precision and recall)."""
 
 from captum_attnflow.evaluate.aopc import aopc_comprehensiveness, aopc_sufficiency
 from captum_attnflow.evaluate.compare import compare
@@ -17,6 +17,7 @@ from captum_attnflow.evaluate.context import (
 from captum_attnflow.evaluate.context_ablation import ResponseLogProb, ablation_masks, response_log_probs
 from captum_attnflow.evaluate.evaluator import Evaluator
 from captum_attnflow.evaluate.faithfulness import deletion_area, log_odds
+from captum_attnflow.evaluate.friedman import CriticalDifference, critical_difference
 from captum_attnflow.evaluate.ground_truth import subject_first
 from captum_attnflow.evaluate.leaderboard import Leaderboard
 from captum_attnflow.evaluate.metrics import METRICS
@@ -28,6 +29,7 @@ from captum_attnflow.evaluate.vision import perturbation_auc
 __all__ = [
     "METRICS",
     "ComparisonResult",
+    "CriticalDifference",
     "Evaluator",
     "Leaderboard",
     "Ranking",
@@ -39,6 +41,7 @@ __all__ = [
     "compare",
     "context_leaderboard",
     "context_metrics",
+    "critical_difference",
     "deletion_area",
     "lds",
     "log_odds",

@@ -1,18 +1,22 @@
 """Faithfulness per method and layer as tables and plots: means with bootstrap intervals and
-rankings with paired tests, from per-example values."""
+rankings with paired tests, from per-example values; across metrics, a critical-difference
+diagram."""
 
 from __future__ import annotations
 
 import csv
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from captum_attnflow.evaluate.metrics import higher_is_better as metric_direction
 from captum_attnflow.evaluate.panels import draw_method, label_panel, method_rows, panel_axes
-from captum_attnflow.evaluate.statistics import N_RESAMPLES, Ranking, format_interval, rank_methods
+from captum_attnflow.evaluate.statistics import GROUPS_RULE, N_RESAMPLES, Ranking, format_interval, rank_methods
 from captum_attnflow.evaluate.tables import layer_column, layer_columns, layer_row, markdown_table, undefined_counts
+
+if TYPE_CHECKING:
+    from captum_attnflow.evaluate.friedman import CriticalDifference
 
 Key = tuple  # (method, metric, layer): layer 1..L, or None for a method without layers
 
@@ -21,10 +25,12 @@ class Leaderboard:
     """Every method's faithfulness, per metric and layer, with how sure the differences are.
 
     For each metric all its (method, layer) entries are ranked together by
-    :func:`~captum_attnflow.evaluate.rank_methods`: means with bootstrap intervals, Wilcoxon
-    signed-rank tests of every pair on the same examples, Holm-adjusted over the metric's
-    pairs, and ranks that let entries no test separates share a place. An entry is named
-    ``method`` for a method without layers and ``method L3`` for layer 3 of a per-layer one.
+    :func:`~captum_attnflow.evaluate.rank_methods`: ordered by mean, with bootstrap intervals,
+    Wilcoxon signed-rank tests of every pair on the same examples, Holm-adjusted over the
+    metric's pairs, and group letters shared by the entries no test separates. An entry is
+    named ``method`` for a method without layers and ``method L3`` for layer 3 of a per-layer
+    one. Across metrics, :meth:`critical_difference` ranks the methods in every metric and
+    tests the average ranks (Friedman, then Nemenyi; Demšar 2006).
 
     Args:
         values: ``{(method, metric, layer): (N,) values}``, all on the same N examples in the
@@ -46,18 +52,19 @@ class Leaderboard:
         >>> noise = np.random.default_rng(0).normal(0, 0.05, (3, 30))
         >>> board = Leaderboard.from_values({"comprehensiveness": {
         ...     "rollout": 0.3 + noise[0], "raw": 0.29 + noise[1], "random": 0.1 + noise[2]}}, n_resamples=999)
-        >>> board.ranking("comprehensiveness").ranks
-        {'raw': 1, 'rollout': 1, 'random': 3}
+        >>> board.ranking("comprehensiveness").groups
+        {'raw': 'a', 'rollout': 'a', 'random': 'b'}
         >>> print(board.to_markdown(digits=2))
-        comprehensiveness (higher is better; 30 examples, mean [95% CI], #rank)
+        comprehensiveness (higher is better; 30 examples; mean [95% CI] and group, best mean first)
         <BLANKLINE>
         | method | score |
         |---|---|
-        | raw | 0.30 [0.29, 0.32] #1 |
-        | rollout | 0.29 [0.28, 0.31] #1 |
-        | random | 0.11 [0.09, 0.13] #3 |
+        | raw | 0.30 [0.29, 0.32] a |
+        | rollout | 0.29 [0.28, 0.31] a |
+        | random | 0.11 [0.09, 0.13] b |
         <BLANKLINE>
-        Best: raw; not significantly different from it (Wilcoxon signed-rank, Holm-adjusted, alpha = 0.05): rollout
+        Best: raw; not significantly different from it: rollout
+        Groups: methods sharing a group letter are not significantly different (Wilcoxon signed-rank, Holm-adjusted, alpha = 0.05); each letter is a largest set of which no pair differs
     """
 
     def __init__(
@@ -107,11 +114,62 @@ class Leaderboard:
             )
         return self._rankings[metric]
 
+    def critical_difference(
+        self, metrics: Sequence[str] | None = None, names: Callable[[str], str] | None = None, alpha: float | None = None
+    ) -> CriticalDifference:
+        """Every entry ranked within each metric by its mean, the average ranks compared across
+        the metrics: Friedman's test, then Nemenyi's (see
+        :func:`~captum_attnflow.evaluate.friedman.critical_difference`).
+
+        Each metric is one block (Demšar's data set), each entry's score there its mean over
+        the examples, ranked in the metric's direction.
+
+        Args:
+            metrics: the blocks, default every metric.
+            names: maps an entry's name to the method it stands for in every metric (e.g. the
+                benchmark's ``rollout L6`` and ``rollout L4``, the last layers of two models, to
+                one ``rollout (last layer)``); default the names as they are.
+            alpha: the tests' level; default the leaderboard's.
+
+        Returns:
+            CriticalDifference: its ``plot()`` draws the diagram.
+
+        Raises:
+            ValueError: an unknown metric, two entries of one metric given the same name, or
+                too few blocks or methods for the tests.
+
+        Example::
+
+            >>> import numpy as np
+            >>> noise = np.random.default_rng(0).normal(0, 0.05, (6, 3, 20))
+            >>> board = Leaderboard.from_values({f"task {t}: comprehensiveness": {"rollout": 0.3 + noise[t, 0],
+            ...     "raw": 0.25 + noise[t, 1], "random": 0.1 + noise[t, 2]} for t in range(6)},
+            ...     higher_is_better={f"task {t}: comprehensiveness": True for t in range(6)}, n_resamples=99)
+            >>> board.critical_difference().names
+            ['rollout', 'raw', 'random']
+        """
+        from captum_attnflow.evaluate.friedman import critical_difference
+
+        metrics = self.metrics if metrics is None else list(metrics)
+        if unknown := [metric for metric in metrics if metric not in self.higher_is_better]:
+            raise ValueError(f"no metrics {unknown}; the leaderboard holds {self.metrics}.")
+        rename = names or str
+        scores = {}
+        for metric in metrics:
+            means = self.ranking(metric).intervals
+            scores[metric] = {rename(entry): interval.mean for entry, interval in means.items()}
+            if len(scores[metric]) < len(means):
+                raise ValueError(f"names gives two entries of {metric!r} the same name: {sorted(map(rename, means))}.")
+        return critical_difference(scores, {metric: self.higher_is_better[metric] for metric in metrics},
+                                   self.alpha if alpha is None else alpha)
+
     def summary(self) -> list[dict]:
         """One row per (method, metric, layer): ``method``, ``metric``, ``layer`` (None for
         methods without layers), ``mean``, ``low``, ``high`` (the bootstrap interval),
-        ``count`` (defined values), ``nan_count``, ``rank`` and ``not_different`` (the
-        entries of the same metric whose difference from this one is not significant)."""
+        ``count`` (defined values), ``nan_count``, ``rank`` (the place by mean), ``group``
+        (the letters it shares with the entries no test separates from it) and
+        ``not_different`` (the entries of the same metric whose difference from this one is
+        not significant)."""
         rows = []
         for (method, metric, layer), value in self.values.items():
             ranking = self.ranking(metric)
@@ -120,15 +178,16 @@ class Leaderboard:
             rows.append(dict(
                 method=method, metric=metric, layer=layer, mean=interval.mean, low=interval.low, high=interval.high,
                 count=interval.count, nan_count=int(value.size - interval.count), rank=ranking.ranks[entry],
-                not_different=ranking.not_different(entry),
+                group=ranking.groups[entry], not_different=ranking.not_different(entry),
             ))
         return rows
 
     def to_markdown(self, digits: int = 3) -> str:
-        """One table per metric, methods as rows sorted by rank (a method by its best entry),
+        """One table per metric, methods as rows sorted by mean (a method by its best entry),
         best first, and layers L1..Ln as columns (a ``score`` column for methods without
-        layers), cells "mean [low, high] #rank"; under it the best entry and those not
-        significantly different from it (see the class example)."""
+        layers), cells "mean [low, high] letters"; under it the best entry, those not
+        significantly different from it, and what the group letters mean (see the class
+        example)."""
         blocks = []
         for metric in self.metrics:
             ranking = self.ranking(metric)
@@ -136,24 +195,23 @@ class Leaderboard:
             columns = layer_columns(rows)
             direction = "higher" if self.higher_is_better[metric] else "lower"
             count = max(row["count"] + row["nan_count"] for row in rows)
-            order = ranking.by_rank()
             methods = sorted(dict.fromkeys(row["method"] for row in rows), key=lambda method: min(
-                order.index(_entry(method, row["layer"])) for row in rows if row["method"] == method))
+                ranking.names.index(_entry(method, row["layer"])) for row in rows if row["method"] == method))
             table = []
             for method in methods:
                 cells = {
-                    layer_column(row["layer"]): format_interval(ranking.intervals[_entry(method, row["layer"])], digits) + f" #{row['rank']}"
+                    layer_column(row["layer"]): format_interval(ranking.intervals[_entry(method, row["layer"])], digits) + f" {row['group']}"
                     for row in rows if row["method"] == method
                 }
                 table.append(layer_row(method, cells, columns))
             best = ranking.names[0]
             lines = [
-                f"{metric} ({direction} is better; {count} examples, mean [{self.confidence:.0%} CI], #rank)",
+                f"{metric} ({direction} is better; {count} examples; mean [{self.confidence:.0%} CI] and group, best mean first)",
                 "",
                 *markdown_table(["method", *columns], table),
                 "",
-                f"Best: {best}; not significantly different from it (Wilcoxon signed-rank, Holm-adjusted, "
-                f"alpha = {self.alpha:g}): " + (", ".join(ranking.not_different(best)) or "none"),
+                f"Best: {best}; not significantly different from it: " + (", ".join(ranking.not_different(best)) or "none"),
+                "Groups: " + GROUPS_RULE.format(alpha=self.alpha),
             ]
             if undefined := undefined_counts(rows):
                 lines.append("Undefined, left out (examples, most in any layer): " + undefined)
@@ -171,9 +229,9 @@ class Leaderboard:
             >>> with tempfile.TemporaryDirectory() as folder:
             ...     board.to_csv(f"{folder}/faithfulness.csv")
             ...     print(open(f"{folder}/faithfulness.csv").read().splitlines()[0])
-            method,metric,layer,mean,low,high,count,nan_count,rank,not_different
+            method,metric,layer,mean,low,high,count,nan_count,rank,group,not_different
         """
-        fields = ["method", "metric", "layer", "mean", "low", "high", "count", "nan_count", "rank", "not_different"]
+        fields = ["method", "metric", "layer", "mean", "low", "high", "count", "nan_count", "rank", "group", "not_different"]
         with open(path, "w", newline="") as handle:
             writer = csv.DictWriter(handle, fields)
             writer.writeheader()
@@ -208,7 +266,7 @@ class Leaderboard:
         """Read a leaderboard written by :meth:`save` (example there).
 
         Raises:
-            ValueError: not such a file, or one of a newer format version.
+            ValueError: not such a file (a damaged one included), or one of a newer format version.
         """
         from captum_attnflow.saving import load_result
 
@@ -226,7 +284,7 @@ class Leaderboard:
         )
 
     def plot(self, ax=None, kind: str | None = None, **kwargs):
-        """Matplotlib figure, one panel per metric: forest plots (methods by rank, best on
+        """Matplotlib figure, one panel per metric: forest plots (methods by mean, best on
         top, intervals as bars, see :func:`~captum_attnflow.visualize.forest.plot_forest`),
         or, for per-layer methods, layers on x with one line and confidence band per method
         (methods without layers as a dashed line and band).

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping
@@ -274,11 +276,18 @@ class ComparisonResult:
             ComparisonResult: the same example ids, scores and values.
 
         Raises:
-            ValueError: not such a file, or one of a newer format version.
+            ValueError: not such a file (a damaged one included), or one of a newer format version.
         """
         if str(path).endswith(".npz"):
-            with np.load(path) as data:
-                return cls.from_arrays(data)
+            try:
+                with np.load(path) as data:
+                    return cls.from_arrays(data)
+            except (ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error):
+                # not chained: np.load's own message for a file that is no archive suggests unpickling it
+                raise ValueError(
+                    f"{path} is not a numpy archive that ComparisonResult.save wrote (damaged, or another file): "
+                    "save the result again."
+                ) from None
         from captum_attnflow.saving import load_result
 
         fields, arrays = load_result(path, "ComparisonResult")

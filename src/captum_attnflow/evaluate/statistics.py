@@ -4,6 +4,7 @@ same examples, and a ranking that says which differences are not significant."""
 from __future__ import annotations
 
 import math
+import string
 from dataclasses import dataclass
 from typing import Any, Mapping, NamedTuple
 
@@ -155,8 +156,10 @@ class Ranking:
         intervals: ``{name: Interval}``, each mean with its bootstrap interval.
         pvalues: (M, M) float64, Holm-adjusted p-values of the Wilcoxon signed-rank test of
             every pair, rows and columns in the order of ``names``, NaN on the diagonal.
-        ranks: ``{name: rank}``, 1 + the number of methods significantly better (adjusted
-            p < ``alpha`` and a better mean): methods no test separates share a rank.
+        ranks: ``{name: rank}``, 1 + the number of methods with a better mean: the order of
+            ``names``, methods with equal means sharing a rank (and undefined ones last).
+        groups: ``{name: letters}``, methods that share a letter are not significantly
+            different; see :func:`not_separated_groups`. "" for a method with an undefined mean.
         higher_is_better: the direction the metric was ranked in.
         alpha: the significance level.
     """
@@ -165,6 +168,7 @@ class Ranking:
     intervals: dict
     pvalues: np.ndarray
     ranks: dict
+    groups: dict
     higher_is_better: bool
     alpha: float
 
@@ -174,34 +178,30 @@ class Ranking:
         row = self.pvalues[self.names.index(name)]
         return [other for other, p in zip(self.names, row) if other != name and not p < self.alpha]
 
-    def by_rank(self) -> list[str]:
-        """The methods by rank, then by mean: best first (what tables and forest plots list)."""
-        return sorted(self.names, key=lambda name: (self.ranks[name], self.names.index(name)))
-
     def rows(self) -> list[dict]:
         """One dict per method, best first: ``name``, ``mean``, ``low``, ``high``, ``count``,
-        ``rank`` and ``not_different`` (a list of names)."""
+        ``rank``, ``group`` (its letters) and ``not_different`` (a list of names)."""
         return [
-            dict(name=name, **self.intervals[name]._asdict(), rank=self.ranks[name], not_different=self.not_different(name))
+            dict(name=name, **self.intervals[name]._asdict(), rank=self.ranks[name], group=self.groups[name],
+                 not_different=self.not_different(name))
             for name in self.names
         ]
 
     def to_markdown(self, digits: int = 3, title: str | None = None) -> str:
-        """A table, best first: rank, method, mean [interval], examples, and the methods it is
-        not significantly different from."""
+        """A table, best mean first: rank, method, mean [interval], group letters, examples, and
+        the methods it is not significantly different from."""
         direction = "higher" if self.higher_is_better else "lower"
         lines = [title] if title else []
         lines += [
-            f"Ranked by mean ({direction} is better); rank = 1 + methods significantly better "
-            f"(Wilcoxon signed-rank, Holm-adjusted, alpha = {self.alpha:g})",
+            f"Ranked by mean ({direction} is better); {GROUPS_RULE.format(alpha=self.alpha)}",
             "",
         ]
         table = [
             [row["rank"], row["name"], format_interval(Interval(row["mean"], row["low"], row["high"], row["count"]), digits),
-             row["count"], ", ".join(row["not_different"])]
+             row["group"], row["count"], ", ".join(row["not_different"])]
             for row in self.rows()
         ]
-        header = ["rank", "method", "mean [CI]", "examples", "not significantly different from"]
+        header = ["rank", "method", "mean [CI]", "group", "examples", "not significantly different from"]
         return "\n".join(lines + markdown_table(header, table))
 
 
@@ -217,10 +217,10 @@ def rank_methods(
 
     Every pair of methods is compared by :func:`paired_test` on the examples where both are
     defined; the :math:`M(M - 1)/2` p-values are adjusted together by :func:`holm`, so "not
-    significantly different" holds for the whole table at level ``alpha``. A method's rank is
-    1 + the number of methods with a better mean whose difference from it is significant: the
-    methods at rank 1 are those no test separates from the best, and two methods share a rank
-    when nothing significantly better lies between them in the count.
+    significantly different" holds for the whole table at level ``alpha``. The methods are
+    ordered by mean, a method's rank is its place in that order, and the groups say which
+    differences the tests cannot establish: two methods share a group letter exactly when
+    their adjusted p-value is not below ``alpha`` (:func:`not_separated_groups`).
 
     Args:
         per_example: ``{method: (N,) values}``, all on the same N examples in the same order
@@ -239,7 +239,9 @@ def rank_methods(
         >>> noise = np.random.default_rng(0).normal(0, 0.05, (3, 30))
         >>> ranking = rank_methods({"a": 0.3 + noise[0], "b": 0.29 + noise[1], "c": 0.1 + noise[2]}, n_resamples=999)
         >>> ranking.names, ranking.ranks
-        (['b', 'a', 'c'], {'b': 1, 'a': 1, 'c': 3})
+        (['b', 'a', 'c'], {'b': 1, 'a': 2, 'c': 3})
+        >>> ranking.groups  # b and a are not separated by the tests; c is
+        {'b': 'a', 'a': 'a', 'c': 'b'}
         >>> ranking.not_different("b")
         ['a']
     """
@@ -263,14 +265,76 @@ def rank_methods(
     pvalues = np.full((size, size), np.nan)
     pvalues[upper] = holm(raw[upper])
     pvalues.T[upper] = pvalues[upper]
-    ranks = {
-        name: 1 + sum(
-            1 for j, other in enumerate(names)
-            if pvalues[i, j] < alpha and sign * (intervals[other].mean - intervals[name].mean) > 0
-        )
-        for i, name in enumerate(names)
-    }
-    return Ranking(names, intervals, pvalues, ranks, higher_is_better, alpha)
+    ranks = {name: 1 + sum(1 for other in names if _better(intervals[other].mean, intervals[name].mean, sign)) for name in names}
+    defined = sum(1 for name in names if not math.isnan(intervals[name].mean))  # undefined means are last
+    letters = group_letters(not_separated_groups(names[:defined], (pvalues < alpha)[:defined, :defined]))
+    groups = {name: letters.get(name, "") for name in names}
+    return Ranking(names, intervals, pvalues, ranks, groups, higher_is_better, alpha)
+
+
+GROUPS_RULE = (
+    "methods sharing a group letter are not significantly different (Wilcoxon signed-rank, "
+    "Holm-adjusted, alpha = {alpha:g}); each letter is a largest set of which no pair differs"
+)
+
+
+def not_separated_groups(names: list, separated: Any) -> list[list]:
+    """The largest sets of methods of which no two are separated: the maximal cliques of the
+    graph joining every pair that is not.
+
+    Two methods share a group exactly when they are not separated (every pair of a clique is
+    joined, and every joined pair lies in some maximal clique), and every pair inside a group
+    is not separated. These are the bars of a critical-difference diagram and the letters of a
+    compact letter display (Piepho, 2004).
+
+    Args:
+        names: the methods, best first.
+        separated: (M, M) booleans, True where the pair's test is significant (the diagonal
+            is ignored).
+
+    Returns:
+        list[list]: the groups, each in the order of ``names``, ordered by their members'
+        places (the group of the best method first); a method separated from all others is
+        a group of its own.
+
+    Example::
+
+        >>> import numpy as np
+        >>> from captum_attnflow.evaluate.statistics import not_separated_groups
+        >>> separated = np.array([[0, 0, 1], [0, 0, 0], [1, 0, 0]], dtype=bool)  # only a and c differ
+        >>> not_separated_groups(["a", "b", "c"], separated)
+        [['a', 'b'], ['b', 'c']]
+    """
+    import networkx as nx
+
+    separated = np.asarray(separated, dtype=bool)
+    if separated.shape != (len(names), len(names)):
+        raise ValueError(f"separated must be ({len(names)}, {len(names)}), one row and column per name; got {separated.shape}.")
+    graph = nx.Graph()
+    graph.add_nodes_from(range(len(names)))
+    graph.add_edges_from((i, j) for i in range(len(names)) for j in range(i + 1, len(names)) if not (separated[i, j] or separated[j, i]))
+    cliques = sorted(sorted(clique) for clique in nx.find_cliques(graph))
+    return [[names[i] for i in clique] for clique in cliques]
+
+
+def group_letters(groups: list[list]) -> dict:
+    """``{name: letters}``: the letters (a, b, ...) of the groups each name is in, in order;
+    with more than 52 groups they are named g1, g2, ... and joined by commas.
+
+    Example::
+
+        >>> from captum_attnflow.evaluate.statistics import group_letters
+        >>> group_letters([["a", "b"], ["b", "c"]])
+        {'a': 'a', 'b': 'ab', 'c': 'b'}
+    """
+    alphabet = string.ascii_lowercase + string.ascii_uppercase
+    labels = list(alphabet[: len(groups)]) if len(groups) <= len(alphabet) else [f"g{i + 1}" for i in range(len(groups))]
+    joiner = "" if len(groups) <= len(alphabet) else ","
+    letters: dict = {}
+    for label, group in zip(labels, groups):
+        for name in group:
+            letters.setdefault(name, []).append(label)
+    return {name: joiner.join(found) for name, found in letters.items()}
 
 
 def format_interval(interval: Interval, digits: int = 3) -> str:
@@ -289,6 +353,14 @@ def format_interval(interval: Interval, digits: int = 3) -> str:
 
 def _or_zero(value: float) -> float:
     return 0.0 if math.isnan(value) else value
+
+
+def _better(mean: float, than: float, sign: float) -> bool:
+    """Whether ``mean`` comes before ``than`` in the ranking: larger in the direction, or
+    defined where ``than`` is not."""
+    if math.isnan(mean):
+        return False
+    return math.isnan(than) or sign * (mean - than) > 0
 
 
 def _values(values: Any, name: str) -> np.ndarray:

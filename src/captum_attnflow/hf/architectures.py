@@ -10,20 +10,36 @@ from the weights (``tests/hf/test_architectures.py``, ``tests/attr``).
 
 The attention probabilities and value vectors themselves come through transformers'
 attention-function interface (:mod:`captum_attnflow.capture.internals`), so the table holds only what
-that interface does not pass.
+that interface does not pass; for the families whose attention runs in their own modules
+(DeBERTa, MPNet, BLOOM, Falcon) it also says where their probabilities, queries, keys, values
+and score terms are (:mod:`captum_attnflow.hf.own_attention`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import Tensor, nn
 from transformers.pytorch_utils import Conv1D
 
-from captum_attnflow.hf.models import main_model
+from captum_attnflow.hf.models import hf_models, main_model, outermost
+from captum_attnflow.hf.own_attention import (
+    BLOOM,
+    DEBERTA,
+    FALCON,
+    MPNET,
+    OwnAttention,
+    bloom_after,
+    bloom_residual,
+    deberta_head,
+    deberta_refused,
+    falcon_after,
+    mpnet_after,
+)
 
 
 @dataclass(frozen=True)
@@ -96,14 +112,22 @@ class Architecture:
             called as a plain function between two modules, ``consumer(f(producer(...)))``:
             AttnLRP's identity rule reaches it through their hooks (RoBERTa's classification
             head: ``out_proj(tanh(dense(x)))``).
-        class_tokens: names of the learned token embeddings (parameters (1, 1, D)) that the
-            vision embeddings put before the patches, in order (ViT's ``cls_token``, DeiT's
-            ``cls_token`` and ``distillation_token``), on the module holding the patch embeddings.
-        lrp: whether AttnLRP runs on the family's models: its rules cover every nonlinearity
-            (norms and activations are modules or listed above, the gated product is listed)
-            and the token embeddings are a module's output; False where either is not so
-            (CLIP's and SigLIP's vision towers flatten their patch convolution's output outside
-            any module).
+        class_tokens: names of the learned token embeddings (parameters (1, 1, D) or (D,)) that
+            the vision embeddings put before the patches, in order (ViT's ``cls_token``, DeiT's
+            ``cls_token`` and ``distillation_token``, CLIP's ``class_embedding``), on the module
+            holding the patch embeddings; those it lacks are skipped.
+        lrp_refused: ``config -> reason or None``: why AttnLRP's rules do not cover a model of
+            the family built with this config (a nonlinearity it calls as a plain function,
+            such as DeBERTa-v2's convolution layer), None where they do; elsewhere they cover
+            every nonlinearity (norms and activations are modules or listed above, the gated
+            product is listed) and the token embeddings are a module's output.
+        own_attention: where a family whose attention runs in its own module, outside
+            transformers' attention-function interface, keeps its probabilities, projections
+            and score terms (:class:`~captum_attnflow.hf.own_attention.OwnAttention`); None for
+            the families whose attention goes through that interface.
+        residual: ``(block, x) -> r``, what the attention's output is added to where it is not
+            the block's input x (BLOOM with ``apply_residual_connection_post_layernorm``: the
+            input norm's output), :math:`y = r + \\mathrm{attention}`; ALTI reads it.
         cross_attention: an encoder-decoder's: its decoder blocks' cross-attention sub-layer
             (:class:`CrossAttention`); ``blocks``, ``output_projection`` and ``post_norm`` then
             name the encoder's and the decoder's blocks and their self-attention sub-layers.
@@ -116,13 +140,16 @@ class Architecture:
     after_attention: Callable[[nn.Module, Tensor, Tensor], Tensor]
     gated_unit: Callable[[nn.Module], tuple[nn.Module, nn.Module]] | None = None
     class_tokens: tuple[str, ...] = ()
-    lrp: bool = True
     fused_gate: bool = False
     held_constant: Callable[[nn.Module], tuple[nn.Module, ...]] | None = None
     gated_experts: Callable[[nn.Module], tuple[nn.Module, nn.Module] | None] | None = None
     layer_order: Callable[[nn.Module], list[nn.Module]] | None = None
     function_activations: Callable[[nn.Module], list[tuple[nn.Module, nn.Module, Callable[[Tensor], Tensor]]]] | None = None
     attention_norm: Callable[[nn.Module], nn.Module] | None = None
+    lrp_refused: Callable[[Any], str | None] | None = None
+    own_attention: OwnAttention | None = None
+    residual: Callable[[nn.Module, Tensor], Tensor] | None = None
+    output_activation: Callable[[nn.Module], tuple[nn.Module, Callable[[Tensor], Tensor]] | None] | None = None
     cross_attention: CrossAttention | None = None
 
 
@@ -235,6 +262,22 @@ _BERT = Architecture(
     _bert_after,
 )
 _ROBERTA = dataclasses.replace(_BERT, function_activations=_roberta_head)
+# Attention in their own modules (relative positions, ALiBi): see captum_attnflow.hf.own_attention.
+_DEBERTA = dataclasses.replace(
+    _BERT, blocks=("DebertaV2Layer",), function_activations=deberta_head, lrp_refused=deberta_refused,
+    own_attention=DEBERTA,
+)
+_MPNET = Architecture(
+    ("MPNetLayer",), lambda block: block.attention.attn.o, lambda block: block.attention.LayerNorm, mpnet_after,
+    function_activations=_roberta_head, own_attention=MPNET,
+)
+_BLOOM = Architecture(
+    ("BloomBlock",), lambda block: block.self_attention.dense, None, bloom_after, residual=bloom_residual,
+    own_attention=BLOOM,
+)
+_FALCON = Architecture(
+    ("FalconDecoderLayer",), lambda block: block.self_attention.dense, None, falcon_after, own_attention=FALCON
+)
 _ALBERT = Architecture(
     ("AlbertLayer",), lambda block: block.attention.dense, lambda block: block.attention.LayerNorm, _albert_after,
     layer_order=_albert_order,
@@ -288,28 +331,43 @@ _VIT = Architecture(
     class_tokens=("cls_token", "distillation_token"),
 )
 
+def _final_softcap(model: nn.Module) -> tuple[nn.Module, Callable[[Tensor], Tensor]] | None:
+    """Gemma 2's soft-capping of its language-model head's output z, :math:`c \\tanh(z / c)` (None without one)."""
+    cap, head = getattr(model.config, "final_logit_softcapping", None), getattr(model, "lm_head", None)
+    if cap is None or head is None:
+        return None
+
+    def softcap(z: Tensor) -> Tensor:
+        return torch.tanh(z / cap) * cap
+
+    return head, softcap
+
+
 # Norms on the attention's output before the residual (and on the feed-forward's): Gemma 2 and 3
-# (input norms too), OLMo 2 (no input norm). Gemma 2's soft-capping, in its attention and on its
-# final logits (a plain torch.tanh after the last module), has no rule in AttnLRP.
-_GEMMA3 = Architecture(
+# (input norms too), OLMo 2 (no input norm). Gemma 2's soft-capping in its attention is the
+# attention call's softcap (AttnLRP's attention function gives it the identity rule); on its
+# final logits, a plain torch.tanh after the last module.
+_GEMMA = Architecture(
     ("Gemma2DecoderLayer", "Gemma3DecoderLayer"), lambda block: block.self_attn.o_proj, None, _gemma_after,
     gated_unit=lambda block: (block.mlp.act_fn, block.mlp.up_proj), attention_norm=lambda block: block.post_attention_layernorm,
+    output_activation=_final_softcap,
 )
-_GEMMA2 = dataclasses.replace(_GEMMA3, lrp=False)
 _OLMO2 = Architecture(
     ("Olmo2DecoderLayer",), lambda block: block.self_attn.o_proj, None, _olmo2_after,
     gated_unit=lambda block: (block.mlp.act_fn, block.mlp.up_proj), attention_norm=lambda block: block.post_attention_layernorm,
 )
-# DINOv2's layer scales; its patch convolution's output is flattened outside any module, as CLIP's.
+# DINOv2's layer scales, and its SwiGLU feed-forward where it has one (the giant model).
 _DINOV2 = Architecture(
     ("Dinov2Layer",), lambda block: block.attention.o_proj, None, _dinov2_after,
-    attention_norm=lambda block: block.layer_scale1, lrp=False,
+    attention_norm=lambda block: block.layer_scale1, class_tokens=("cls_token",),
+    gated_unit=lambda block: (block.mlp.act_fn, block.mlp.up_proj) if hasattr(block.mlp, "up_proj") else None,
 )
 
-# CLIP's and SigLIP's towers. AttnLRP reads a vision tower's tokens from the module that embeds
-# its patches; theirs is a convolution whose (B, D, h, w) output is flattened outside any module.
-_CLIP_TEXT = Architecture(("CLIPEncoderLayer", "SiglipEncoderLayer"), lambda block: block.self_attn.out_proj, None, _clip_after)
-_CLIP_VISION = dataclasses.replace(_CLIP_TEXT, lrp=False)
+# CLIP's and SigLIP's towers (the vision towers' class embedding, (D,), CLIP's only).
+_CLIP = Architecture(
+    ("CLIPEncoderLayer", "SiglipEncoderLayer"), lambda block: block.self_attn.out_proj, None, _clip_after,
+    class_tokens=("class_embedding",),
+)
 
 # Encoder-decoders. BART and Marian are post-LN; mBART, M2M-100 (and NLLB, an M2M-100) pre-LN; T5
 # pre-RMS-norm without biases, its relative position bias a term of the scores that transformers'
@@ -362,6 +420,10 @@ ARCHITECTURES: dict[str, Architecture] = {
     "electra": _BERT,
     "albert": _ALBERT,
     "modernbert": _MODERNBERT,
+    "deberta-v2": _DEBERTA,
+    "mpnet": _MPNET,
+    "bloom": _BLOOM,
+    "falcon": _FALCON,
     "gpt2": _GPT2,
     "gpt_neox": _GPT_NEOX,
     "gptj": _GPTJ,
@@ -376,14 +438,14 @@ ARCHITECTURES: dict[str, Architecture] = {
     "qwen3_moe": _QWEN3_MOE,
     "phi3": _PHI3,
     "olmo2": _OLMO2,
-    "gemma2": _GEMMA2,
-    "gemma3_text": _GEMMA3,
+    "gemma2": _GEMMA,
+    "gemma3_text": _GEMMA,
     "dinov2": _DINOV2,
     "vit": _VIT,
-    "clip_text_model": _CLIP_TEXT,
-    "clip_vision_model": _CLIP_VISION,
-    "siglip_text_model": _CLIP_TEXT,
-    "siglip_vision_model": _CLIP_VISION,
+    "clip_text_model": _CLIP,
+    "clip_vision_model": _CLIP,
+    "siglip_text_model": _CLIP,
+    "siglip_vision_model": _CLIP,
     "deit": _VIT,
     "bart": _BART,
     "marian": _BART,
@@ -402,6 +464,8 @@ RMS_NORMS = (
 # RMS norms of other forms, :math:`y = w' \odot x / \sqrt{\overline{x^2} + \epsilon}` with
 # w' = 1 + w (Gemma) or w (OLMo 2): AttnLRP's identity rule on them is the ratio y / x.
 SCALED_RMS_NORMS = ("Gemma2RMSNorm", "Gemma3RMSNorm", "Olmo2RMSNorm")
+# Element-wise activation modules outside torch.nn and transformers.activations (BLOOM's GELU).
+ACTIVATIONS = ("BloomGelu",)
 
 
 def architecture_of(forward_func: object, method: str) -> tuple[Architecture, list[nn.Module]]:
@@ -431,6 +495,21 @@ def architecture_of(forward_func: object, method: str) -> tuple[Architecture, li
     if not blocks:
         raise ValueError(f"found no transformer blocks ({', '.join(architecture.blocks)}) in the {model_type!r} model.")
     return architecture, blocks
+
+
+@contextlib.contextmanager
+def scores_as_loaded(module: nn.Module) -> Iterator[None]:
+    """Context manager: the Hugging Face models in ``module`` whose attention runs in their own
+    modules compute, in eager attention, the scores they compute as loaded (Falcon's eager path
+    adds ALiBi twice, sdpa once: :class:`~captum_attnflow.hf.own_attention.OwnAttention`'s
+    ``score_terms``, with no leaf); the others as they are."""
+    with contextlib.ExitStack() as stack:
+        for model in outermost(hf_models(module)):
+            architecture = ARCHITECTURES.get(getattr(model.config, "model_type", None))
+            if architecture is not None and architecture.own_attention is not None:
+                for block in [m for m in model.modules() if type(m).__name__ in architecture.blocks]:
+                    stack.enter_context(architecture.own_attention.score_terms(block, lambda term: term))
+        yield
 
 
 def projection_weight(projection: nn.Module) -> tuple[Tensor, Tensor | None]:

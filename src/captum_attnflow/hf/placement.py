@@ -14,63 +14,17 @@ docs/large-models.md for models spread over several devices).
 
 from __future__ import annotations
 
-import os
-import re
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from captum_attnflow.devices import resolve_device
+
 # The weight dtypes a model can be loaded in, by the names the command line takes.
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # accelerate's strategies for spreading a model over the devices it sees.
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
-_DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
-
-
-def resolve_device(device: str | torch.device | None) -> torch.device:
-    """The device ``device`` names, checked against what this torch can use.
-
-    Args:
-        device: ``"cpu"`` (or None), ``"cuda"``, ``"cuda:N"``, ``"mps"``, a
-            :class:`torch.device`, or ``"auto"``: the first CUDA device when torch sees one,
-            else the CPU. ``"auto"`` and ``"cuda"`` mean ``cuda:LOCAL_RANK`` in a process
-            started by ``accelerate launch`` or ``torchrun`` (one GPU per process).
-
-    Raises:
-        ValueError: an unknown name, or a CUDA / MPS device this machine or this build of
-            torch does not have; the message names the devices there are.
-
-    Example::
-
-        >>> resolve_device("cpu")
-        device(type='cpu')
-        >>> resolve_device("auto") == (torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu"))
-        True
-    """
-    if device is None:
-        return torch.device("cpu")
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if not isinstance(device, torch.device):
-        if not isinstance(device, str) or not _DEVICE.fullmatch(device):
-            raise ValueError(f"unknown device {device!r}; use auto, cpu, cuda, cuda:N or mps.")
-        device = torch.device(device)
-    if device.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count == 0:
-            build = f"built for CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
-            raise ValueError(
-                f"device {str(device)!r}: torch sees no CUDA device (torch {torch.__version__}, {build}); "
-                "use device 'cpu', or install the CUDA build of torch on a machine with an NVIDIA GPU."
-            )
-        index = int(os.environ.get("LOCAL_RANK", 0)) if device.index is None else device.index
-        if index >= count:
-            raise ValueError(f"device {str(device)!r}: torch sees {count} CUDA device(s), cuda:0..cuda:{count - 1} (asked for cuda:{index}).")
-        return torch.device("cuda", index)
-    if device.type == "mps" and not torch.backends.mps.is_available():
-        raise ValueError("device 'mps': this machine or this build of torch has no MPS (Apple GPU) backend; use 'cpu'.")
-    return device
 
 
 def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | str:
@@ -107,7 +61,8 @@ def load_pretrained(
     Args:
         model_class: a transformers model class (``AutoModelForCausalLM``, ``BertModel``, ...).
         path: the directory or hub name ``from_pretrained`` reads.
-        device: where the whole model goes, see :func:`resolve_device` (None: the CPU).
+        device: where the whole model goes, see :func:`~captum_attnflow.devices.resolve_device`
+            (None: the CPU).
         dtype: the dtype of its weights, see :func:`resolve_dtype` (None: the checkpoint's).
         device_map: instead of ``device``, accelerate's device map for a model larger than one
             device: one of :data:`DEVICE_MAPS` or a dict module name -> device (needs

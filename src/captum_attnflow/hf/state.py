@@ -26,7 +26,7 @@ from captum_attnflow.hf.models import configs, hf_models, owning_module
 
 
 @contextlib.contextmanager
-def eager_attention(module: nn.Module) -> Iterator[None]:
+def eager_attention(module: nn.Module) -> Iterator[Callable[[nn.Module], str]]:
     """Context manager: every Hugging Face model inside ``module`` uses eager attention.
 
     Transformers 5 defaults to ``sdpa`` attention, which computes no attention weights, so
@@ -39,7 +39,8 @@ def eager_attention(module: nn.Module) -> Iterator[None]:
         module: a Hugging Face model, or any ``nn.Module`` containing some.
 
     Yields:
-        None; inside the block the models compute eager attention.
+        ``own(model)``, the implementation a model inside ``module`` had on entry
+        (see :func:`implementation`); inside the block the models compute eager attention.
 
     Example::
 
@@ -57,8 +58,8 @@ def eager_attention(module: nn.Module) -> Iterator[None]:
         (2, 'sdpa')
     """
     # An attention put in by inject_attention returns its weights already: it stays.
-    with implementation(module, "eager", keep=frozenset(SUBSTITUTED_ATTENTION)):
-        yield
+    with implementation(module, "eager", keep=frozenset(SUBSTITUTED_ATTENTION)) as own:
+        yield own
 
 
 # Attention implementations whose weights are not softmax(q k^T s + M) of the layer's own queries
@@ -86,26 +87,33 @@ def register_attention(name: str, function: Callable[..., Any], mask_function: C
 
 
 @contextlib.contextmanager
-def implementation(module: nn.Module, name: str, keep: frozenset[str] = frozenset()) -> Iterator[None]:
+def implementation(
+    module: nn.Module, name: str, keep: frozenset[str] = frozenset()
+) -> Iterator[Callable[[nn.Module], str]]:
     """Every Hugging Face model inside ``module`` uses the attention implementation ``name``
     (a built-in one or one registered with ``transformers.AttentionInterface``) for the block,
-    except configs whose implementation is in ``keep``.
+    except configs whose implementation is in ``keep``; the model is locked against other
+    threads for the block (:func:`exclusive`).
 
     Written into every config and sub-config (models read ``config._attn_implementation`` at
     each forward) and restored to each one's own value on exit, also when the block raises.
+    Yields ``own(model)``: the implementation a Hugging Face model inside ``module`` had on
+    entry, the one an attention function registered under ``name`` delegates to. Read anywhere
+    else, a model's config may hold another thread's function (whose own delegates back to it).
     """
     with exclusive(module):
         # Read under the lock: another thread's call may have switched the model a moment ago.
         found = configs(hf_models(module))
-        saved = {key: config._attn_implementation_internal for key, config in found.items()}
+        saved = {key: config._attn_implementation for key, config in found.items()}
+        internal = {key: config._attn_implementation_internal for key, config in found.items()}
         try:
             for config in found.values():
                 if config._attn_implementation_internal not in keep:
                     config._attn_implementation_internal = name
-            yield
+            yield lambda model: saved[id(model.config)]
         finally:
             for key, config in found.items():
-                config._attn_implementation_internal = saved[key]
+                config._attn_implementation_internal = internal[key]
 
 
 _HOOK_DICTS = (

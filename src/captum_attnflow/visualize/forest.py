@@ -1,6 +1,6 @@
-"""The leaderboard as forest plots: per metric, the methods from best (top) to worst, each mean a
-point with its confidence interval as a bar, the random floor as a line, ranks no test separates
-on one shaded band."""
+"""The leaderboard as forest plots: per metric, the methods from best mean (top) to worst, each
+mean a point with its confidence interval as a bar, the random floor as a line, the group letters
+of the methods no test separates on the right."""
 
 from __future__ import annotations
 
@@ -25,13 +25,13 @@ def plot_forest(
 ):
     """Forest plots of a :class:`~captum_attnflow.evaluate.Leaderboard`, one panel per metric.
 
-    In each panel the entries (methods, or ``method L<k>``) run down the vertical axis by rank,
-    best on top (ties in rank by mean); the mean is a point and the bootstrap interval
-    (``leaderboard.confidence``, 95 % by default) a horizontal bar. Entries sharing a rank
-    (no Holm-adjusted Wilcoxon test separates them from the ones above in the count, see
-    :func:`~captum_attnflow.evaluate.rank_methods`) sit on one shaded band labelled ``#k`` on
-    the right. The ``floor`` entry's mean is a dashed vertical line across the panel, so what
-    beats chance shows at a glance. The axis says whether higher or lower is better.
+    In each panel the entries (methods, or ``method L<k>``) run down the vertical axis by mean,
+    best on top; the mean is a point and the bootstrap interval (``leaderboard.confidence``,
+    95 % by default) a horizontal bar, on alternately shaded rows. On the right of each row
+    are its group letters: entries sharing a letter are not separated by the Holm-adjusted
+    Wilcoxon tests (see :func:`~captum_attnflow.evaluate.rank_methods`). The ``floor`` entry's
+    mean is a dashed vertical line across the panel, so what beats chance shows at a glance.
+    The axis says whether higher or lower is better.
 
     Args:
         leaderboard: a Leaderboard (e.g. ``result.leaderboard()`` or a benchmark's).
@@ -89,20 +89,12 @@ def plot_forest(
 
 def draw_forest(axes: Any, ranking: Any, metric: str, floor: str | None = "random", confidence: float = 0.95) -> None:
     """One panel of :func:`plot_forest` on ``axes`` for one metric's ``ranking``."""
-    names = ranking.by_rank()
+    names = ranking.names
     y = np.arange(len(names))[::-1]  # best on top
-    groups: list[list[int]] = []
-    for index, name in enumerate(names):
-        if groups and ranking.ranks[names[groups[-1][0]]] == ranking.ranks[name]:
-            groups[-1].append(index)
-        else:
-            groups.append([index])
-    for number, group in enumerate(groups):
-        top, bottom = y[group[0]] + 0.5, y[group[-1]] - 0.5
-        axes.axhspan(bottom, top, color=_BANDS[number % 2], zorder=0, linewidth=0)
-        axes.text(1.01, (top + bottom) / 2, f"#{ranking.ranks[names[group[0]]]}", transform=axes.get_yaxis_transform(),
-                  va="center", ha="left", fontsize=8, color="#444")
-    for position, name in zip(y, names):
+    for number, (position, name) in enumerate(zip(y, names)):
+        axes.axhspan(position - 0.5, position + 0.5, color=_BANDS[number % 2], zorder=0, linewidth=0)
+        axes.text(1.01, position, ranking.groups[name], transform=axes.get_yaxis_transform(), va="center", ha="left",
+                  fontsize=8, color="#444")
         interval = ranking.intervals[name]
         chance = floor is not None and name == floor
         color = "#888888" if chance else "#1f4e8c"
@@ -117,7 +109,7 @@ def draw_forest(axes: Any, ranking: Any, metric: str, floor: str | None = "rando
     axes.set_ylim(-0.5, len(names) - 0.5)
     arrow = "higher is better →" if ranking.higher_is_better else "← lower is better"
     line = f"; dashed line: {floor}" if floor is not None and floor in ranking.intervals else ""
-    axes.set_xlabel(f"{arrow}\nmean, {confidence:.0%} CI{line}", fontsize=8)
+    axes.set_xlabel(f"{arrow}\nmean, {confidence:.0%} CI{line}; right: groups", fontsize=8)
     axes.tick_params(axis="x", labelsize=8)
     axes.set_title(metric, fontsize=10)
     axes.grid(axis="x", color="#dddddd", linewidth=0.6, zorder=0)

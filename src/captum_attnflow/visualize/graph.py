@@ -11,6 +11,7 @@ from matplotlib.figure import Figure
 from captum_attnflow.functional import attention_graph
 from captum_attnflow.functional.checks import Attentions, stack_attentions
 from captum_attnflow.visualize._layout import Scores, as_layers, check_tokens, figure_and_axes
+from captum_attnflow.visualize.heatmaps import SEQUENTIAL
 
 
 # Beyond this many tokens the (L + 1) x n node grid of the attention graph is unreadable.
@@ -109,7 +110,7 @@ def plot_flow_graph(
             raise ValueError(f"scores must be (n,) = ({n},) values for the input nodes, got {values.shape[1:]}.")
         collection = nx.draw_networkx_nodes(
             drawing, coordinates, nodelist=inputs, ax=ax, node_size=220, node_color=values[0],
-            cmap="Blues", vmin=min(0.0, values.min()), edgecolors="black",
+            cmap=SEQUENTIAL, vmin=min(0.0, values.min()), edgecolors="black",
         )
         figure.colorbar(collection, ax=ax, fraction=0.046, pad=0.03)
     nx.draw_networkx_nodes(drawing, coordinates, nodelist=[(num_layers, position % n)], ax=ax, node_size=260,

@@ -1,10 +1,11 @@
 """Layers x tokens heatmaps: one method, several side by side, every position at every layer.
 
+One colour convention, the HTML view's: red is a high or positive score, blue a negative one.
 Scores that can be negative (AttnLRP's relevance, blank-out's change of probability, input x
 gradient) are drawn on a diverging scale centred at 0 (``RdBu_r``: red above 0, blue below,
-white at 0, as the HTML view colours them), so a strongly negative token is not mistaken for an
-irrelevant one; scores that cannot (attention weights, rollout, flow, norms) keep the
-sequential ``Blues`` scale from their smallest to their largest value.
+white at 0), so a strongly negative token is not mistaken for an irrelevant one; scores that
+cannot (attention weights, rollout, flow, norms) are drawn on the sequential ``Reds`` scale,
+white to red, from their smallest to their largest value.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from torch import Tensor
 
 from captum_attnflow.visualize._layout import Scores, as_layers, check_tokens, figure_and_axes, row_count
 
-SEQUENTIAL, DIVERGING = "Blues", "RdBu_r"
+SEQUENTIAL, DIVERGING = "Reds", "RdBu_r"
 
 
 def plot_layer_heatmap(
@@ -43,7 +44,7 @@ def plot_layer_heatmap(
         title: the axes title.
         layer_labels: the L row labels, bottom to top; default ``L1`` .. ``L<L>`` (a single
             row is labelled ``output``).
-        cmap: a matplotlib colormap name; default ``Blues`` for unsigned scores, ``RdBu_r``
+        cmap: a matplotlib colormap name; default ``Reds`` for unsigned scores, ``RdBu_r``
             for signed ones.
         colorbar: add a colorbar (one more axes in the figure).
         signed: True draws the scores on a scale centred at 0, from ``-m`` to ``m`` with
@@ -62,7 +63,7 @@ def plot_layer_heatmap(
         >>> from captum_attnflow.visualize import plot_layer_heatmap
         >>> fig = plot_layer_heatmap(torch.rand(6, 4), ["[CLS]", "the", "keys", "to"], title="rollout")
         >>> len(fig.axes), fig.axes[0].images[0].get_cmap().name
-        (2, 'Blues')
+        (2, 'Reds')
         >>> fig = plot_layer_heatmap(torch.tensor([0.125, -0.5, 0.25, 0.0]), ["[CLS]", "the", "keys", "to"])
         >>> image = fig.axes[0].images[0]  # AttnLRP-like relevance: white at 0
         >>> image.get_cmap().name, image.get_clim()
@@ -108,7 +109,7 @@ def plot_methods(
         scores: method name -> (L, n) scores (or (n,) for single-output methods) for one example.
         tokens: the n token strings.
         title: the figure title.
-        cmap: a matplotlib colormap name for every panel; default ``Blues`` for unsigned
+        cmap: a matplotlib colormap name for every panel; default ``Reds`` for unsigned
             methods and ``RdBu_r`` for signed ones.
         layer_labels: method name -> its row labels, bottom to top, for methods whose rows
             are not layers 1..L (e.g. ``{"flow": ["L6"]}`` for one layer); see

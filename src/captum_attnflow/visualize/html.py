@@ -4,9 +4,11 @@ Each section (a method, or the output tokens of a generated text) is a table: on
 layer, method or output token, one cell per token, coloured on a diverging scale (red above 0,
 blue below, white at 0; the scale symmetric, ``max |score|`` of the section at full colour),
 the value in the cell's hover text (``title``) and in a read-out line under the table. A legend
-shows the scale with its numbers; the prediction is printed above. A section's columns may form
-groups, each in its own colours on the section's one scale, apart by a gap (an encoder-decoder's
-source tokens in red, its target prefix in green: :data:`PALETTES`). The page works offline, in
+shows the scale with its numbers: from 0 (white) to the largest score (red) for a section
+without a negative score (raw attention, rollout, flow), from ``-max`` (blue) to ``max`` (red)
+otherwise. The prediction is printed above. A section's columns may form groups, each in its
+own colours on the section's one scale, apart by a gap (an encoder-decoder's source tokens in
+red, its target prefix in green: :data:`PALETTES`). The page works offline, in
 a notebook (``_repr_html_`` of the result objects) and in any browser.
 """
 
@@ -189,13 +191,14 @@ def _section(section: Section) -> str:
             )
         lines.append(f"<tr><th>{html.escape(str(label))}</th>{''.join(cells)}</tr>")
     lines.append("</table>")
+    low = -scale if (finite < 0).any() else 0.0  # a legend reaching below 0 only for scores that do
     unit = f'<span class="caf-unit">{html.escape(section.unit)}</span>' if section.unit else ""
     bars = []
     for (name, _), palette in zip(groups, PALETTES):
-        low, high = colour(-scale, scale, palette), colour(scale, scale, palette)
-        gradient = f"linear-gradient(to right, rgb{low}, rgb(255,255,255), rgb{high})"
+        stops = [colour(value, scale, palette) for value in ((low, 0.0, scale) if low < 0 else (0.0, scale))]
+        gradient = f"linear-gradient(to right, {', '.join(f'rgb{stop}' for stop in stops)})"
         shown = f"<span>{html.escape(name)}</span>" if name else ""
-        bars.append(f'{shown}<span>{-scale:.3g}</span><span class="caf-bar" style="background:{gradient}"></span>'
+        bars.append(f'{shown}<span>{low:.3g}</span><span class="caf-bar" style="background:{gradient}"></span>'
                     f"<span>{scale:.3g}</span>")
     lines.append(f'<div class="caf-legend">{"".join(bars)}{unit}</div>')
     lines.append('<div class="caf-readout">hover over a token to read its score</div></div>')
