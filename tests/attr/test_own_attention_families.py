@@ -189,3 +189,17 @@ def test_attnlrp_refuses_deberta_with_its_convolution_layer():
     with pytest.raises(ValueError, match="convolution layer"):
         AttnLRP(model).attribute(torch.tensor([[5, 6, 7]]), target=0)
     assert ALTI(model).attribute(torch.tensor([[5, 6, 7]])).shape == (1, 3)  # it reads no rule
+
+
+@pytest.mark.parametrize("name", [*CONFIGS, "gemma2"])
+def test_attnlrp_recomputes_each_block_to_the_same_relevance(name):
+    """Layer-wise recomputation runs each block again under the same rules: the projections'
+    scaled gradients, the score terms as leaves, the soft-caps, the same relevance."""
+    model = _gemma2() if name == "gemma2" else _model(name)
+    ids, mask = family_inputs("right", n=7)
+    target = torch.tensor([5, 17, 42]) if name in DECODERS or name == "gemma2" else torch.tensor([0, 2, 1])
+    before = model_state(model)
+    expected = AttnLRP(model, recompute=False).attribute(ids, target=target, attention_mask=mask)
+    ours = AttnLRP(model, recompute=True).attribute(ids, target=target, attention_mask=mask)
+    torch.testing.assert_close(ours, expected, atol=1e-6, rtol=0)
+    assert model_state(model) == before

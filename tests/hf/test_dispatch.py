@@ -234,3 +234,20 @@ def test_benchmark_on_an_offloaded_language_model(models, tokenizer):
     assert ours.keys() == expected.keys() and len(expected) >= 4
     for key, values in expected.items():
         np.testing.assert_allclose(ours[key], values, rtol=1e-5, atol=1e-6, err_msg=str(key))
+
+
+@pytest.mark.parametrize("models", ["gpt2"], indirect=True)
+def test_layerwise_recomputation_runs_the_offloaded_blocks_again(models):
+    """Each recomputed block loads its weights again through accelerate's hooks (its own forward,
+    which the recomputation wraps and puts back)."""
+    _, model, dispatched = models
+    ids, mask = padded_batch(seed=3, batch=3, n=7)
+    for method in EXPLAINING_A_SCORE:
+        expected = method(model, recompute=False).attribute(ids, attention_mask=mask, target=7)
+        for layout, offloaded in dispatched.items():
+            before = offload_state(offloaded)
+            forwards = [vars(m).get("forward") for m in offloaded.modules()]
+            ours = method(offloaded, recompute=True).attribute(ids, attention_mask=mask, target=7)
+            torch.testing.assert_close(ours, expected, atol=1e-6, rtol=0, msg=f"{method.__name__}, {layout} offload")
+            assert offload_state(offloaded) == before
+            assert [vars(m).get("forward") for m in offloaded.modules()] == forwards

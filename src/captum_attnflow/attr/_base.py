@@ -40,6 +40,22 @@ _CONSTRUCTOR_DOC = """Args:
 # Fills ``{init}`` in a class docstring with the constructor's arguments.
 with_constructor_args = fill_docstring(init=_CONSTRUCTOR_DOC)
 
+_RECOMPUTE_DOC = """recompute: layer-wise recomputation of the backward pass
+            (:mod:`captum_attnflow.capture.recompute`): the forward keeps each transformer
+            block's input only, and each backward pass runs the blocks again one at a time
+            (activation checkpointing per block, the model's mode and hooks unchanged), so one
+            block's activations are alive at a time instead of all L; the same scores (to float
+            rounding), for one more forward pass per backward pass. None (default): where a
+            block's activations outweigh its weights, token ids (B, n) with
+            :math:`B n D \\cdot 16 \\ge` the parameters of one block (D the hidden size: from
+            689 tokens at hidden 1024 and intermediate 2816, 1 857 at Llama-3.2-1B, 3 329 at
+            Llama-3.1-8B; :func:`~captum_attnflow.capture.recompute.recomputes`); True always
+            (a ValueError on a model type whose blocks the architecture table does not list);
+            False never."""
+
+# Fills ``{recompute}`` in a class docstring with the ``recompute`` constructor argument.
+with_recompute_args = fill_docstring(recompute=_RECOMPUTE_DOC)
+
 
 @with_constructor_args
 class AttentionAttribution(Attribution):

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, Iterator
 
 import torch
 from captum.attr import GradientAttribution
@@ -15,9 +16,12 @@ from captum_attnflow.attr._base import (
     explained_positions,
     given_positions,
     progress_bar,
+    with_recompute_args,
 )
 from captum_attnflow.attr.gradient_rollout import _TARGET_DOC
-from captum_attnflow.capture import attnlrp_forward, seq2seq_attnlrp_forward
+from captum_attnflow.capture import seq2seq_attnlrp_forward
+from captum_attnflow.capture.lrp import attnlrp_run
+from captum_attnflow.capture.recompute import recomputes
 from captum_attnflow.docstrings import fill_docstring
 from captum_attnflow.functional.checks import POSITION_DOC, as_mask
 from captum_attnflow.hf import check_token_ids, output_scores, target_scores
@@ -45,6 +49,7 @@ _SHARES_DOC = _ARGS_DOC.split("\n            layer:")[0] + _MASK_DOC + "\n"
 _ARGS_DOC += _MASK_DOC + _PROGRESS_DOC + "\n"
 
 
+@with_recompute_args
 class AttnLRP(AttentionAttribution, GradientAttribution):
     """AttnLRP (Achtibat, Hatefi, Dreyer, Jain, Wiegand, Lapuschkin & Samek, ICML 2024): the
     explained logit :math:`y_t` propagated back to the input tokens by layer-wise relevance
@@ -90,10 +95,13 @@ class AttnLRP(AttentionAttribution, GradientAttribution):
         forward_func: a Hugging Face model (classifier, language model, vision transformer), or
             a module containing one that returns the score to explain. The model is left as it
             was: attention implementation, mode and hooks change only for the call.
+        {recompute}
+            :meth:`attribute` only: :meth:`shares` keeps every biased layer's output anyway.
     """
 
-    def __init__(self, forward_func: Any) -> None:
+    def __init__(self, forward_func: Any, recompute: bool | None = None) -> None:
         AttentionAttribution.__init__(self, forward_func)
+        self.recompute = recompute
 
     @property
     def multiplies_by_inputs(self) -> bool:
@@ -131,14 +139,14 @@ class AttnLRP(AttentionAttribution, GradientAttribution):
             raise ValueError(
                 f"AttnLRP explains the model's output, not a layer's representation: pass layer=-1 or None, got {layer!r}."
             )
-        inputs, run, mask, sources, has_axis, scores = self._scores(inputs, target, additional_forward_args, position,
-                                                                    attention_mask, contrast, shares=False)
-        batch, n = mask.shape
         rows = []
-        with torch.enable_grad(), progress_bar(show_progress, inputs, "AttnLRP", "backward", scores.shape[1]) as bar:
-            for s in range(scores.shape[1]):
-                rows.append(run.relevance(scores[:, s], retain_graph=s < scores.shape[1] - 1))
-                bar.update()
+        with self._scores(inputs, target, additional_forward_args, position, attention_mask, contrast,
+                          shares=False) as (inputs, run, mask, sources, has_axis, scores):
+            with torch.enable_grad(), progress_bar(show_progress, inputs, "AttnLRP", "backward", scores.shape[1]) as bar:
+                for s in range(scores.shape[1]):
+                    rows.append(run.relevance(scores[:, s], retain_graph=s < scores.shape[1] - 1))
+                    bar.update()
+        batch, n = mask.shape
         result = torch.stack(rows, 1).expand(batch, sources.shape[1], n) * mask[:, None]
         result = result.to(torch.promote_types(result.dtype, torch.float32))
         return as_returned(result, has_axis, inputs)
@@ -212,24 +220,28 @@ class AttnLRP(AttentionAttribution, GradientAttribution):
         result = torch.stack(rows, 1) * (mask[:, None] & mask[:, source.shape[1]:, None])
         return result.to(torch.promote_types(result.dtype, torch.float32)).to(input_ids.device)
 
+    @contextlib.contextmanager
     def _scores(self, inputs: Any, target: Any, additional_forward_args: Any, position: Any, attention_mask: Any,
-                contrast: Any, shares: bool) -> tuple[Tensor, Any, Tensor, Tensor, bool, Tensor]:
-        """One forward pass under the rules: the checked inputs, the run, the (B, n) mask, the (B, S) explained
+                contrast: Any, shares: bool) -> Iterator[tuple[Tensor, Any, Tensor, Tensor, bool, Tensor]]:
+        """Context manager: one forward pass under the rules, which stay for the block's backward
+        passes. Yields the checked inputs, the run, the (B, n) mask, the (B, S) explained
         positions, whether they have an axis, and the (B, S') scores in the graph (S' = 1 for a
         classifier, whose score is the same for every position)."""
         inputs, args, attention_mask, _ = self._checked_inputs(inputs, additional_forward_args, attention_mask)
         known = given_positions(position, inputs, attention_mask)
-        run = attnlrp_forward(self.forward_func, inputs, args, attention_mask, shares=shares,
-                              positions=None if known is None else known[0])
-        batch, n = run.tokens.shape[:2]
-        mask = as_mask(attention_mask, batch, n, run.tokens.device)
-        sources, has_axis = known if known is not None else explained_positions(position, mask, lambda: run.causal)
-        # A language model's positions each explain their own logit (one backward each); a
-        # classifier's score is the same for all.
-        count = sources.shape[1] if output_scores(run.output).dim() == 3 else 1
-        with torch.enable_grad():  # scores selected in the graph also under a caller's torch.no_grad()
-            scores = target_scores(run.output, target, run.logit_rows(sources), contrast)[:, :count]  # (B, S')
-        return inputs, run, mask, sources, has_axis, scores
+        # The shares keep every biased layer's output anyway: nothing to save by recomputing.
+        recompute = not shares and recomputes(self.recompute, self.forward_func, inputs, "AttnLRP")
+        with attnlrp_run(self.forward_func, inputs, args, attention_mask, shares=shares,
+                         positions=None if known is None else known[0], recompute=recompute) as run:
+            batch, n = run.tokens.shape[:2]
+            mask = as_mask(attention_mask, batch, n, run.tokens.device)
+            sources, has_axis = known if known is not None else explained_positions(position, mask, lambda: run.causal)
+            # A language model's positions each explain their own logit (one backward each); a
+            # classifier's score is the same for all.
+            count = sources.shape[1] if output_scores(run.output).dim() == 3 else 1
+            with torch.enable_grad():  # scores selected in the graph also under a caller's torch.no_grad()
+                scores = target_scores(run.output, target, run.logit_rows(sources), contrast)[:, :count]  # (B, S')
+            yield inputs, run, mask, sources, has_axis, scores
 
     @fill_docstring(args=_SHARES_DOC)
     def shares(
@@ -262,10 +274,9 @@ class AttnLRP(AttentionAttribution, GradientAttribution):
             >>> {name: round(float(value), 2) for name, value in shares.items()}
             {'score': 5.63, 'tokens': 0.74, 'other_embeddings': 0.39, 'biases': 0.09, 'softmax': 4.4}
         """
-        _, run, mask, sources, has_axis, scores = self._scores(inputs, target, additional_forward_args, position,
-                                                               attention_mask, contrast, shares=True)
         parts = []
-        with torch.enable_grad():
+        with self._scores(inputs, target, additional_forward_args, position, attention_mask, contrast,
+                          shares=True) as (_, run, mask, sources, has_axis, scores), torch.enable_grad():
             for s in range(scores.shape[1]):
                 parts.append({"score": scores[:, s].detach(),
                               **run.shares(scores[:, s], retain_graph=s < scores.shape[1] - 1)})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Iterable, Iterator
 
 import torch
@@ -16,23 +17,27 @@ from captum_attnflow.attr._base import (
     pooled_rows,
     progress_bar,
     with_internals_args,
+    with_recompute_args,
 )
 from captum_attnflow.capture import seq2seq_gradient_internals
 from captum_attnflow.capture.attention_gradients import (
     GRADIENT_MODEL_TYPES,
+    AttentionCall,
+    AttentionGradients,
+    attention_gradients_run,
     capture_attention_gradients,
     supports_attention_gradients,
 )
 from captum_attnflow.capture.internals import Internals, capture_internals
 from captum_attnflow.capture.maps import in_run_order
+from captum_attnflow.capture.recompute import recomputes
 from captum_attnflow.capture.seq2seq import attention_kinds
 from captum_attnflow.functional.checks import as_mask, layer_indices
 from captum_attnflow.functional.gradient_rollout import (
+    RowWalk,
     co_attention_relevance,
     encoder_decoder_relevance,
     gradient_weighted_rollout,
-    streamed_relevance_maps_rows,
-    streamed_relevance_rows,
 )
 from captum_attnflow.hf import output_scores, target_scores
 from captum_attnflow.hf.models import owning_module
@@ -51,6 +56,7 @@ _TARGET_DOC = """
                 target's score alone."""
 
 
+@with_recompute_args
 class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
     """Gradient-weighted attention rollout (Chefer, Gur & Wolf, ICCV 2021, equations 5-6).
 
@@ -89,10 +95,13 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
             was: attention implementation, mode and hooks change only for the call.
         lean: None (default): the lean path where the model allows it; False: eager attention
             and stored probabilities; True: the lean path or a ValueError.
+        {recompute}
+            The lean path only: the stored path keeps every layer's probabilities anyway.
     """
 
-    def __init__(self, forward_func: Any, lean: bool | None = None) -> None:
+    def __init__(self, forward_func: Any, lean: bool | None = None, recompute: bool | None = None) -> None:
         AttentionAttribution.__init__(self, forward_func, lean)
+        self.recompute = recompute
 
     @property
     def multiplies_by_inputs(self) -> bool:
@@ -193,44 +202,40 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
         contrast: Any, show_progress: bool | None,
     ) -> tuple[Tensor, Tensor, bool] | None:
         """:meth:`attribute` on the lean path (returns as :meth:`_stored`): one backward pass per explained score, each layer's
-        :math:`\\bar A_l` in row blocks from the queries, keys, values and output gradient. None
-        where an attention call's scores cannot be recomputed (the stored path then serves)."""
+        :math:`\\bar A_l` in row blocks from the queries, keys, values and output gradient, the
+        rows walked down the layers as the backward pass reaches them. None where an attention
+        call's scores cannot be recomputed (the stored path then serves)."""
         known = given_positions(position, inputs, attention_mask)
-        capture = capture_attention_gradients(
-            self.forward_func, inputs, args, attention_mask, None if known is None else known[0]
-        )
-        if capture.refused:
-            if self.lean:
-                raise ValueError(_REFUSED)
-            return None
-        calls = capture.calls
-        _check_self_attention((*c.scores.query.shape[:3], c.scores.key.shape[2]) for c in calls)
-        batch, n = calls[0].scores.query.shape[0], calls[0].scores.query.shape[2]
-        device = inputs.device  # where the layers of a dispatched model come together
-        mask = as_mask(attention_mask, batch, n, device)
-        sources, has_axis = known if known is not None else explained_positions(position, mask, lambda: capture.causal)
-        run_sources = sources if capture.order is None else in_run_order(sources, capture.order.to(device))
-        run_mask = as_mask(capture.mask, batch, n, device)
-        scores = target_scores(capture.output, target, capture.logit_rows(run_sources), contrast)
-        layers = layer_indices(layer, len(calls))
-        below = range(max(layers) + 1)  # the layers the explained ones are rolled out over
-        # A language model's positions each predict their own token: one backward per position;
-        # a classifier's score is one for all.
-        count = sources.shape[1] if output_scores(capture.output).dim() == 3 else 1
-        explained = [slice(k, k + 1) for k in range(count)] if count > 1 else [slice(None)]
-        rows = []
-        with progress_bar(show_progress, inputs, "gradient-weighted rollout", "backward", count) as bar:
-            for k, part in enumerate(explained):
-                gradients = capture.output_gradients(scores[:, part.start or 0].sum(), below, retain_graph=k < count - 1)
-                streams = [
-                    lambda needed, i=i: capture.weighted_blocks(i, gradients[i], needed) for i in below
-                ]
-                products = [
-                    lambda needed, i=i: capture.weighted_product(i, gradients[i], needed) for i in below
-                ]
-                walk = streamed_relevance_maps_rows if layer is None else streamed_relevance_rows
-                rows.append(walk(streams, run_sources[:, part], run_mask, products))
-                bar.update()
+        recompute = recomputes(self.recompute, self.forward_func, inputs, "GradientWeightedRollout")
+        with attention_gradients_run(
+            self.forward_func, inputs, args, attention_mask, None if known is None else known[0], recompute
+        ) as capture:
+            if capture.refused:
+                if self.lean:
+                    raise ValueError(_REFUSED)
+                return None
+            calls = capture.calls
+            _check_self_attention((*c.scores.query.shape[:3], c.scores.key.shape[2]) for c in calls)
+            batch, n = calls[0].scores.query.shape[0], calls[0].scores.query.shape[2]
+            device = inputs.device  # where the layers of a dispatched model come together
+            mask = as_mask(attention_mask, batch, n, device)
+            sources, has_axis = known if known is not None else explained_positions(position, mask, lambda: capture.causal)
+            run_sources = sources if capture.order is None else in_run_order(sources, capture.order.to(device))
+            run_mask = as_mask(capture.mask, batch, n, device)
+            scores = target_scores(capture.output, target, capture.logit_rows(run_sources), contrast)
+            walked = max(layer_indices(layer, len(calls))) + 1  # the layers the explained ones are rolled out over
+            # A language model's positions each predict their own token: one backward per position;
+            # a classifier's score is one for all.
+            count = sources.shape[1] if output_scores(capture.output).dim() == 3 else 1
+            explained = [slice(k, k + 1) for k in range(count)] if count > 1 else [slice(None)]
+            rows = []
+            with progress_bar(show_progress, inputs, "gradient-weighted rollout", "backward", count) as bar:
+                for k, part in enumerate(explained):
+                    walk = RowWalk(run_sources[:, part], run_mask, walked, every_layer=layer is None)
+                    capture.backward(scores[:, part.start or 0].sum(), functools.partial(_step, capture, walk, walked),
+                                     retain_graph=k < count - 1)
+                    rows.append(walk.rows())
+                    bar.update()
         result = torch.cat(rows, -2)
         if capture.order is not None:  # columns from the run's token order back to the inputs'
             back = capture.order.to(device).argsort(dim=-1)
@@ -293,7 +298,7 @@ class GradientWeightedRollout(AttentionAttribution, GradientAttribution):
             gradients = capture.output_gradients(scores[:, t].sum(), range(len(kinds)), retain_graph=t < count - 1)
             maps = {kind: [] for kind in ("encoder", "decoder", "cross")}
             for index, kind in enumerate(kinds):
-                maps[kind].append(capture.weighted_layer(index, gradients[index]))
+                maps[kind].append(capture.weighted_layer(capture.calls[index], gradients[index]))
             relevance = co_attention_relevance(
                 maps["encoder"], maps["decoder"], maps["cross"], attention_mask, decoder_attention_mask
             )
@@ -330,6 +335,19 @@ def _token_scores(output: Any, target: Tensor) -> Tensor:
     """(B, m) the logit of ``target`` (B, m) at each decoder position."""
     logits = output_scores(output)
     return logits.gather(-1, target[..., None].to(logits.device)).squeeze(-1)
+
+
+def _step(capture: AttentionGradients, walk: RowWalk, walked: int, index: int, call: AttentionCall,
+          grad_output: Tensor | None) -> None:
+    """The walk's step down through attention call ``index`` (those above the ``walked`` layers
+    are not walked), its :math:`\\bar A` from the call and its output gradient (0 without one)."""
+    if index >= walked:
+        return
+    if grad_output is None:
+        walk.step(lambda needed: ())
+        return
+    walk.step(lambda needed: capture.weighted_blocks(call, grad_output, needed),
+              lambda needed: capture.weighted_product(call, grad_output, needed))
 
 
 def _check_self_attention(shapes: Iterable[tuple[int, ...]]) -> None:

@@ -65,6 +65,7 @@ from captum_attnflow.capture.lrp_rules import (
     _rule_hooks,
 )
 from captum_attnflow.capture.maps import in_run_order, real_tokens_first_call
+from captum_attnflow.capture.recompute import layerwise_recomputation
 from captum_attnflow.hf.architectures import Architecture, architecture_of
 from captum_attnflow.hf.inputs import as_tuple, check_mask_not_in_args, mask_keyword
 from captum_attnflow.hf.models import check_device, main_model, owning_module
@@ -99,8 +100,6 @@ class LRPRun:
             only for :meth:`shares`.
         kept: the run's positions whose logits a language model computed (its
             ``logits_to_keep``, :func:`~captum_attnflow.hf.scores.kept_logits`), or None for all.
-        decoder_embeddings, decoder_tokens: (B, m, D) an encoder-decoder's second leaf, the
-            decoder's token embeddings, and those embeddings detached; None for a model of one stack.
     """
 
     output: Any = None
@@ -114,8 +113,6 @@ class LRPRun:
     score_terms: list[Tensor] = field(default_factory=list)
     biased: list[tuple[Tensor, Tensor, str]] = field(default_factory=list)
     kept: Tensor | None = None
-    decoder_embeddings: Tensor | None = None
-    decoder_tokens: Tensor | None = None
 
     def run_positions(self, positions: Tensor) -> Tensor:
         """(B, S) positions of the inputs, as positions in the run."""
@@ -127,13 +124,7 @@ class LRPRun:
 
     def relevance(self, score: Tensor, retain_graph: bool = False) -> Tensor:
         """(B, n) relevance of every token for ``score`` (B,) (selected from ``output`` with autograd
-        on), one backward pass, in the inputs' order; an encoder-decoder's (B, n_s + m), the
-        source tokens, then the decoder's inputs."""
-        if self.decoder_embeddings is not None:
-            leaves, tokens = (self.embeddings, self.decoder_embeddings), (self.tokens, self.decoder_tokens)
-            gradients = torch.autograd.grad(score.sum(), leaves, retain_graph=retain_graph, allow_unused=True)
-            return torch.cat([(t * g).sum(-1) if g is not None else t.new_zeros(t.shape[:2])
-                              for t, g in zip(tokens, gradients)], -1)
+        on), one backward pass, in the inputs' order."""
         (gradient,) = torch.autograd.grad(score.sum(), self.embeddings, retain_graph=retain_graph)
         relevance = (self.tokens * gradient).sum(-1)
         return relevance if self.order is None else relevance.gather(1, self.order.argsort(-1))
@@ -369,12 +360,35 @@ def attnlrp_forward(
     are never touched (:meth:`LRPRun.relevance` differentiates with respect to the leaf only).
     ``shares=True`` also records what :meth:`LRPRun.shares` needs. ``positions`` (B, S), the
     explained positions of the inputs if known: a language model then computes their logits
-    alone (:attr:`LRPRun.kept`).
+    alone (:attr:`LRPRun.kept`). The backward passes of the returned run keep every layer's
+    activations; :func:`attnlrp_run` keeps only each layer's input.
 
     Raises:
         TypeError: ``forward_func`` holds no Hugging Face model.
         ValueError: a model type outside the architecture table, a model whose config the rules
             do not cover there, or a model that ran no attention.
+    """
+    with attnlrp_run(forward_func, inputs, additional_forward_args, attention_mask, shares, positions) as run:
+        return run
+
+
+@contextlib.contextmanager
+def attnlrp_run(
+    forward_func: Callable[..., Any],
+    inputs: Tensor,
+    additional_forward_args: Any = None,
+    attention_mask: Tensor | None = None,
+    shares: bool = False,
+    positions: Tensor | None = None,
+    recompute: bool = False,
+) -> Iterator[LRPRun]:
+    """Context manager: :func:`attnlrp_forward`'s run, the rules kept on the model for the block
+    (whose backward passes, :meth:`LRPRun.relevance`, run inside it), the model restored on exit.
+
+    ``recompute=True``: each transformer block keeps only its input, and each backward pass runs
+    the blocks again one at a time under the same rules
+    (:func:`~captum_attnflow.capture.recompute.layerwise_recomputation`): the same relevance,
+    with one block's activations alive at a time, for one more forward pass per backward pass.
     """
     module = owning_module(forward_func)
     model = main_model(forward_func)
@@ -414,7 +428,8 @@ def attnlrp_forward(
     else:
         register_attention(_NAME, _attnlrp_attention, sdpa_mask)  # the masks sdpa gets: bool, or None to skip
         attention = implementation(module, _NAME)
-    with unchanged(module), attention as entered, _rules(model, architecture, blocks, run):
+    recomputed = layerwise_recomputation(blocks) if recompute else contextlib.nullcontext()
+    with unchanged(module), attention as entered, _rules(model, architecture, blocks, run), recomputed:
         # Read under the model's lock: the implementation the attention rules delegate to.
         run.attention = ALL_ATTENTION_FUNCTIONS.get(entered(model), sdpa_attention_forward)
         handles = _share_hooks(model, architecture, run, inputs.shape[0]) if shares else []
@@ -425,9 +440,10 @@ def attnlrp_forward(
         finally:
             for handle in handles:
                 handle.remove()
-    if not run.attended or run.embeddings is None:
-        raise ValueError(
-            f"{type(model).__name__} ran no attention through transformers' attention-function interface or never "
-            "called its input embeddings; AttnLRP needs both (BERT, GPT-2, Llama, ViT, ... in transformers 5)."
-        )
-    return run
+        if not run.attended or run.embeddings is None:
+            raise ValueError(
+                f"{type(model).__name__} ran no attention through transformers' attention-function interface or "
+                "never called its input embeddings; AttnLRP needs both (BERT, GPT-2, Llama, ViT, ... in "
+                "transformers 5)."
+            )
+        yield run

@@ -10,6 +10,7 @@ self-attention and residual.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -25,15 +26,37 @@ from captum_attnflow.hf.models import check_device
 from captum_attnflow.hf.state import implementation, register_attention, unchanged
 
 
+@dataclass
+class Seq2SeqLRPRun(LRPRun):
+    """An encoder-decoder's :class:`~captum_attnflow.capture.lrp.LRPRun`: ``embeddings`` and
+    ``tokens`` its encoder's (B, n_s, D), and its second leaf.
+
+    Attributes:
+        decoder_embeddings, decoder_tokens: (B, m, D) the decoder's token embeddings, the leaf,
+            and those embeddings detached.
+    """
+
+    decoder_embeddings: Tensor | None = None
+    decoder_tokens: Tensor | None = None
+
+    def relevance(self, score: Tensor, retain_graph: bool = False) -> Tensor:
+        """(B, n_s + m) relevance of the source tokens, then of the decoder's inputs, for
+        ``score`` (B,) (selected from ``output`` with autograd on), one backward pass."""
+        leaves, tokens = (self.embeddings, self.decoder_embeddings), (self.tokens, self.decoder_tokens)
+        gradients = torch.autograd.grad(score.sum(), leaves, retain_graph=retain_graph, allow_unused=True)
+        return torch.cat([(t * g).sum(-1) if g is not None else t.new_zeros(t.shape[:2])
+                          for t, g in zip(tokens, gradients)], -1)
+
+
 def seq2seq_attnlrp_forward(
     model: nn.Module,
     input_ids: Tensor,
     decoder_input_ids: Tensor,
     attention_mask: Tensor | None = None,
     decoder_attention_mask: Tensor | None = None,
-) -> LRPRun:
+) -> Seq2SeqLRPRun:
     """Run an encoder-decoder once under AttnLRP's rules, its encoder's and its decoder's token
-    embeddings the run's two leaves (:meth:`LRPRun.relevance` gives (B, n_s + m)): the
+    embeddings the run's two leaves (:meth:`Seq2SeqLRPRun.relevance` gives (B, n_s + m)): the
     cross-attention's :math:`q k^\\top` and :math:`A v` get the uniform rule as the
     self-attention's, so relevance flows from a decoder position to the source tokens through the
     encoder's outputs and to the target prefix through the decoder's self-attention and residual.
@@ -53,7 +76,7 @@ def seq2seq_attnlrp_forward(
     if architecture.cross_attention is None:
         raise ValueError(f"AttnLRP has no encoder-decoder rules for the {model.config.model_type!r} models.")
     check_device(model, input_ids)
-    run = LRPRun()
+    run = Seq2SeqLRPRun()
     register_attention(_NAME, _attnlrp_attention, sdpa_mask)  # the masks sdpa gets: bool, or None to skip
     with unchanged(model), implementation(model, _NAME) as entered, _rules(model, architecture, blocks, run, _leaves):
         # Read under the model's lock: the implementation the attention rules delegate to.
@@ -69,7 +92,7 @@ def seq2seq_attnlrp_forward(
     return run
 
 
-def _leaves(model: nn.Module, run: LRPRun) -> list[Any]:
+def _leaves(model: nn.Module, run: Seq2SeqLRPRun) -> list[Any]:
     """Hooks making an encoder-decoder's token embeddings the run's two leaves: the first call
     (the encoder runs first) ``run.embeddings``, the second ``run.decoder_embeddings`` (one
     module or two: the tables are often shared)."""

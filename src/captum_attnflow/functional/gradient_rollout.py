@@ -224,28 +224,76 @@ def _rolled_down(
 ) -> Tensor:
     """The top-down walk of :func:`streamed_relevance_rows` (``every_layer``: of
     :func:`streamed_relevance_maps_rows`, (L, B, S, n))."""
-    batch, n = attention_mask.shape
-    mask = attention_mask.float()
-    units = torch.zeros(batch, sources.shape[1], n, device=mask.device)
-    units.scatter_(2, sources[..., None], 1.0)
-    rows = units[:, :0]
+    walk = RowWalk(sources, attention_mask, len(layers), every_layer)
     for k in reversed(range(len(layers))):
-        if every_layer or k == len(layers) - 1:  # R_k's rows start here, before those of the layers above
-            rows = torch.cat([units, rows], 1)
-        kept = rows * mask[:, None, :]
+        walk.step(layers[k], None if products is None else products[k])
+    return walk.rows()
+
+
+class RowWalk:
+    """The walk of :func:`streamed_relevance_rows` (``every_layer``: of
+    :func:`streamed_relevance_maps_rows`) one layer at a time, top layer first, for a caller that
+    has each layer's :math:`\\bar A_k` only for a moment (during a backward pass that recomputes
+    the layers one by one).
+
+    Args:
+        sources: (B, S) explained positions.
+        attention_mask: (B, n) bool, True on real tokens.
+        layers: L, the number of layers walked (:meth:`step` is called L times, for layer L down to 1).
+        every_layer: the rows after every layer, (L, B, S, n), rather than after the top one.
+
+    Example::
+
+        >>> import torch
+        >>> from captum_attnflow.functional.gradient_rollout import RowWalk, relevance_maps
+        >>> attentions, gradients = torch.softmax(torch.randn(2, 1, 3, 4, 4), -1), torch.randn(2, 1, 3, 4, 4)
+        >>> bars = [(g * a).clamp(min=0).mean(1) for a, g in zip(attentions, gradients)]
+        >>> walk = RowWalk(torch.tensor([[3]]), torch.ones(1, 4, dtype=torch.bool), 2, every_layer=False)
+        >>> for bar in reversed(bars):  # top layer first
+        ...     walk.step(lambda rows, bar=bar: [(0, 4, bar)])
+        >>> torch.allclose(walk.rows(), relevance_maps(attentions, gradients)[-1][:, [3]])
+        True
+    """
+
+    def __init__(self, sources: Tensor, attention_mask: Tensor, layers: int, every_layer: bool) -> None:
+        batch, n = attention_mask.shape
+        self._mask = attention_mask.float()
+        self._units = torch.zeros(batch, sources.shape[1], n, device=self._mask.device)
+        self._units.scatter_(2, sources[..., None], 1.0)
+        self._rows = self._units[:, :0]
+        self._left = layers
+        self._every_layer = every_layer
+        self._layers = layers
+
+    def step(self, layer: BlockStream, product_of: ProductStream | None = None) -> None:
+        """:math:`r \\leftarrow r + r \\bar A_k` for the next layer down, its map given as a block
+        stream (and a product stream, or None), as :func:`streamed_relevance_rows` takes them."""
+        if self._left == 0:
+            raise ValueError(f"RowWalk walks {self._layers} layers; step was called once more.")
+        if self._every_layer or self._left == self._layers:  # R_k's rows start here, before those of the layers above
+            self._rows = torch.cat([self._units, self._rows], 1)
+        self._left -= 1
+        mask = self._mask
+        kept = self._rows * mask[:, None, :]
         needed = int(kept.abs().amax((0, 1)).nonzero().max()) + 1
-        product_of = None if products is None else products[k](needed)
+        product_of = None if product_of is None else product_of(needed)
         if product_of is not None:
             product = product_of(kept[..., :needed].contiguous())
         else:
-            product = torch.zeros_like(rows)
-            for start, stop, block in layers[k](needed):
+            product = torch.zeros_like(self._rows)
+            for start, stop, block in layer(needed):
                 if start >= needed:
                     break
                 product[..., : block.shape[-1]].baddbmm_(kept[..., start:stop], block)
-        rows = rows + product * mask[:, None, :]
-    rows = rows * mask[:, None, :]
-    return rows.view(batch, len(layers), -1, n).transpose(0, 1) if every_layer else rows
+        self._rows = self._rows + product * mask[:, None, :]
+
+    def rows(self) -> Tensor:
+        """The walked rows, (B, S, n) float32 ((L, B, S, n) with ``every_layer``); every layer must have been stepped."""
+        if self._left:
+            raise ValueError(f"RowWalk has {self._left} of its {self._layers} layers left to step.")
+        batch, _, n = self._rows.shape
+        rows = self._rows * self._mask[:, None, :]
+        return rows.view(batch, self._layers, -1, n).transpose(0, 1) if self._every_layer else rows
 
 
 def _weighted(attentions: Attentions, gradients: Attentions, square: bool = True) -> list[Tensor]:
