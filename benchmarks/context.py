@@ -3,8 +3,9 @@ of the same prompt and the peers' calls.
 
 Two settings (``--setting``):
 
-* ``bundled``: the bundled retrieval model (``load_retrieval_model``) on a held-out prompt of 32
-  sources, its answer explained. Targets: raw attention and rollout within 2x one forward's time;
+* ``bundled``: the bundled context task's model and prompt (the agreement language model on a
+  held-out sentence, each word a source, its verb explained; no retrieval model is bundled yet).
+  Targets: raw attention and rollout within 2x one forward's time;
   gradient-weighted rollout and AttnLRP no slower than Captum's ``LLMGradientAttribution`` on the
   same prompt and answer; leave-one-out (F + 1 forwards) and ContextCite (64 ablations, where its
   package is installed) stated beside them.
@@ -42,12 +43,10 @@ def setting(name: str, short: bool = False):
     from captum.attr import TextTemplateInput
 
     if name == "bundled":
-        from captum_attnflow import load_retrieval_model
-        from captum_attnflow.data import retrieval_examples
+        from captum_attnflow.benchmark.context import load_context_task
 
-        model, tokenizer = load_retrieval_model()
-        example = retrieval_examples(1, sources=4 if short else 32, seed=12345)[0]
-        return model, tokenizer, example.prompt, " " + example.answer
+        model, tokenizer, examples = load_context_task(1, seed=4 if short else 12345)
+        return model, tokenizer, examples[0].prompt, examples[0].answer
     import transformers
     from tokenizers import Tokenizer, models, pre_tokenizers
 

@@ -246,7 +246,7 @@ def test_returned_probabilities_give_what_the_interface_gives(monkeypatch):
     expected = GradientWeightedRollout(model, lean=False).attribute(ids, target=[0, 2, 1], attention_mask=mask, layer=None)
     # the model's attention now bypasses the capture
     monkeypatch.setattr("captum_attnflow.capture.internals.implementation",
-                        lambda module, name: contextlib.nullcontext(lambda hf_model: hf_model.config._attn_implementation))
+                        lambda module, name: contextlib.nullcontext(lambda model: model.config._attn_implementation))
     ours = GradientWeightedRollout(model, lean=False).attribute(ids, target=[0, 2, 1], attention_mask=mask, layer=None)
     torch.testing.assert_close(ours, expected, atol=1e-6, rtol=0)
     with pytest.raises(ValueError, match="ran no attention through"):

@@ -26,10 +26,11 @@ from captum_attnflow.attr.llm_inputs import template_prompt
 ATTNTRACE_TOP_TOKENS = 5
 ATTNTRACE_SUBSETS = 30
 ATTNTRACE_KEEP = 0.4
-# ContextCite always formats its prompt with the tokenizer's chat template; for a tokenizer that has
-# none, this one writes the prompt as it is after the beginning-of-sequence token, as the tokenizer
-# itself encodes it (and as every other row reads it).
-PLAIN_CHAT_TEMPLATE = "{{ bos_token or '' }}{% for message in messages %}{{ message['content'] }}{% endfor %}"
+# ContextCite always formats its prompt with the tokenizer's chat template and encodes it without
+# special tokens; for a tokenizer that has no template, this one writes the prompt as it is after
+# the tokens the tokenizer itself puts first (its beginning of sequence, which a tokenizer may add
+# without naming it its bos_token), so that ContextCite reads what every other row reads.
+PLAIN_CHAT_TEMPLATE = "{{ first_tokens }}{% for message in messages %}{{ message['content'] }}{% endfor %}"
 
 
 def leave_one_out(model: nn.Module, tokenizer: Any, prompt: TextTemplateInput, response: str, seed: int) -> Tensor:
@@ -96,8 +97,9 @@ def contextcite(ablations: int) -> Callable[..., Tensor]:
         from context_cite import ContextCiter
 
         if not getattr(tokenizer, "chat_template", None):
+            first_tokens = "".join(tokenizer.convert_ids_to_tokens(tokenizer("")["input_ids"]))
             tokenizer = copy.copy(tokenizer)  # the user's tokenizer keeps no template
-            tokenizer.chat_template = PLAIN_CHAT_TEMPLATE
+            tokenizer.chat_template = PLAIN_CHAT_TEMPLATE.replace("{{ first_tokens }}", first_tokens)
         partitioner = _partitioner(prompt)
         citer = ContextCiter(
             model, tokenizer, partitioner.context, "", num_ablations=ablations, partitioner=partitioner,

@@ -36,6 +36,7 @@ from captum_attnflow.capture.internals import prepared_call
 from captum_attnflow.capture.lean import LEAN_MODEL_TYPES, captured_scores, own_attention
 from captum_attnflow.capture.lean_blocks import AttentionScores, _scratch_size, fused_blocks, row_product
 from captum_attnflow.capture.maps import in_run_order
+from captum_attnflow.capture.quantized import dequantized_gradients
 from captum_attnflow.capture.recompute import layerwise_recomputation, recomputed_blocks, recomputing
 from captum_attnflow.hf.models import hf_models
 from captum_attnflow.hf.scores import kept_in, kept_logits, logit_rows
@@ -329,7 +330,8 @@ def attention_gradients_run(
     capture = AttentionGradients(order=order, mask=mask, device=inputs.device, recompute=recompute)
     register_attention(_NAME, _gradient_attention, sdpa_mask)  # the masks sdpa gets: bool, or None to skip
     recomputed = layerwise_recomputation(recomputed_blocks(forward_func)) if recompute else contextlib.nullcontext()
-    with unchanged(module), implementation(module, _NAME) as own, recomputed:
+    # the quantized layers' gradients kept for the backward passes, which may run the blocks again
+    with unchanged(module), implementation(module, _NAME) as own, recomputed, dequantized_gradients(module):
         for model in hf_models(module):  # parents first: an inner model's own implementation wins
             for submodule in model.modules():
                 _CAPTURES[submodule] = (capture, own(model))

@@ -106,13 +106,6 @@ def read_weights(forward_func: Any, projection: nn.Module, norm: nn.Module | Non
     weights are offloaded again)."""
     with onloaded(owning_module(forward_func), [projection] + ([] if norm is None else [norm])):
         weight, bias = projection_weight(projection)
-        if not weight.is_floating_point():
-            raise ValueError(
-                f"the attention's output projection of {type(block).__name__} holds {weight.dtype} weights (a quantized "
-                "model): ALTI, AttentionNorm and ValueZeroing multiply by them. Load the model unquantized (e.g. "
-                "dtype=torch.bfloat16, device_map='auto' to spread it), or use a method that needs only the attention "
-                "(RawAttention, AttentionRollout, AttentionFlow, GradientWeightedRollout)."
-            )
         return _Weights(weight, bias, None if norm is None else layer_norm_parameters(norm))
 
 
@@ -310,8 +303,11 @@ def _zeroing_map(architecture: Architecture, block: _Block, weights: _Weights) -
     for start in range(0, n, chunk):
         tokens = torch.arange(start, min(n, start + chunk), device=projected.device)
         zeroed = decomposition.zeroed_attention_outputs(probabilities, projected, attention_outputs, tokens)
-        zeroed_outputs = architecture.after_attention(block.module, block.inputs[:, None], zeroed.to(block.inputs.dtype))
-        distances.append(decomposition.cosine_distances(zeroed_outputs, outputs))
+        # (B k, n, D): the variants as a batch, the form every layer takes (bitsandbytes' 8-bit
+        # layers take no more than three axes)
+        inputs = block.inputs[:, None].expand(zeroed.shape).reshape(-1, n, zeroed.shape[-1])
+        zeroed_outputs = architecture.after_attention(block.module, inputs, zeroed.to(inputs.dtype).flatten(0, 1))
+        distances.append(decomposition.cosine_distances(zeroed_outputs.reshape(zeroed.shape), outputs))
     # A token no head attends to changes nothing when zeroed: exactly 0, not float noise.
     attended = probabilities.sum(1) > 0
     return decomposition.normalised_rows(torch.cat(distances, -1) * attended, block.mask)

@@ -39,6 +39,7 @@ from transformers.masking_utils import eager_mask, sdpa_mask
 from captum_attnflow.capture.lean import captured_scores, own_attention
 from captum_attnflow.capture.lean_blocks import AttentionScores
 from captum_attnflow.capture.maps import attentions_of, in_run_order, maps_in_order, real_tokens_first_call
+from captum_attnflow.capture.quantized import dequantized_gradients
 from captum_attnflow.hf.architectures import scores_as_loaded
 from captum_attnflow.hf.inputs import as_tuple, check_mask_not_in_args, mask_keyword
 from captum_attnflow.hf.models import check_device, hf_models, outermost, owning_module
@@ -204,7 +205,7 @@ def capture_internals(
     with unchanged(module), _recording(module, internals, blocks or [], after_block), attention as entered:
         if lean and own is None:  # read under the model's lock: the implementation the lean attention delegates to
             internals.implementation = entered(outermost(hf_models(module))[0])
-        with torch.set_grad_enabled(gradients):
+        with torch.set_grad_enabled(gradients), dequantized_gradients(module):
             internals.output = call()
     if not internals.probabilities and gradients and not blocks:
         internals.output, internals.probabilities = _returned_attentions(module, call)
@@ -223,7 +224,7 @@ def _returned_attentions(module: nn.Module, call: Callable[[], Any]) -> tuple[An
     (their gradient is the output's gradient with respect to the attention)."""
     targets = outermost(hf_models(module))
     returned: list[Any] = []
-    with unchanged(module), _attentions_returned(module), torch.enable_grad():
+    with unchanged(module), _attentions_returned(module), dequantized_gradients(module), torch.enable_grad():
         handles = [model.register_forward_hook(lambda _model, _args, output: returned.append(output)) for model in targets]
         try:
             output = call()

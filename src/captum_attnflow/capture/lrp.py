@@ -29,7 +29,10 @@ forward values untouched (each rule returns the model's own output, only its gra
   table's ``gated_unit``), gradient scaled by 1/2: the uniform rule on :math:`\\mathrm{act}(g) \\odot u`
   (a mixture's experts, whose product no hook reaches: the identity rule on the activation and
   the experts' output gradient scaled by 1/2, the same rule since only linear maps follow the
-  product there).
+  product there);
+* a quantized linear layer keeps its own output with the gradient of its dequantized weight
+  (:mod:`captum_attnflow.capture.quantized`); what its kernel adds to :math:`x W^\\top` is held
+  constant, as a bias is.
 
 The relevance of token j is :math:`\\sum_d e_{jd} \\tilde\\nabla_{e_{jd}} y_t`, e the token
 embeddings (the input embedding layer's output; for a vision transformer the patch embeddings
@@ -47,6 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -65,6 +69,7 @@ from captum_attnflow.capture.lrp_rules import (
     _rule_hooks,
 )
 from captum_attnflow.capture.maps import in_run_order, real_tokens_first_call
+from captum_attnflow.capture.quantized import dequantized_gradients
 from captum_attnflow.capture.recompute import layerwise_recomputation
 from captum_attnflow.hf.architectures import Architecture, architecture_of
 from captum_attnflow.hf.inputs import as_tuple, check_mask_not_in_args, mask_keyword
@@ -72,6 +77,7 @@ from captum_attnflow.hf.models import check_device, main_model, owning_module
 from captum_attnflow.hf.scores import input_embeddings, kept_in, kept_logits, logit_rows
 from captum_attnflow.hf.own_attention import qkv_factors
 from captum_attnflow.hf.state import eager_attention, implementation, register_attention, relevance_rules, unchanged
+from captum_attnflow.hf.weights import is_quantized, linear_weight
 
 _NAME = "captum_attnflow_attnlrp"
 
@@ -138,7 +144,9 @@ class LRPRun:
           tables, a vision transformer's position embeddings), and the score terms' (relative
           positions, ALiBi);
         * ``"biases"``: :math:`\\sum b \\cdot \\tilde\\nabla_b\\, y`, what the biases of the linear
-          layers and LayerNorms keep (the ε-rule at ε = 0 gives a bias its share of the output);
+          layers and LayerNorms keep (the ε-rule at ε = 0 gives a bias its share of the output),
+          and on a quantized model what each quantized layer adds to :math:`x W^\\top` beside its bias
+          (its rounding, held as a bias is);
         * ``"softmax"``: the rest of the score, what the softmax linearisation loses (every other
           rule conserves).
         """
@@ -323,12 +331,20 @@ def _share_hooks(model: nn.Module, architecture: Architecture, run: LRPRun, batc
         return leaf
 
     def biased(module: nn.Module, args: tuple, output: Tensor) -> None:
-        run.biased.append((output, module.bias.detach(), type(module).__name__))
+        if id(module) not in quantized:
+            run.biased.append((output, module.bias.detach(), type(module).__name__))
+            return
+        # a quantized layer keeps its bias and what its kernel adds to x W^T (its rounding): its
+        # gradient is W's alone, so that is held as the bias is
+        weight, _ = linear_weight(module)
+        run.biased.append((output, output.detach() - F.linear(args[0].detach(), weight.to(output.dtype)),
+                           type(module).__name__))
 
     own = architecture.own_attention
     tables = {id(m) for m in own.score_tables(model)} if own is not None else set()
     outside = [module for module in model.modules() if id(module) not in inside | tables]
-    with_bias = [module for module in outside if isinstance(getattr(module, "bias", None), Tensor)]
+    quantized = {id(module) for module in outside if is_quantized(module)}
+    with_bias = [m for m in outside if isinstance(getattr(m, "bias", None), Tensor) or id(m) in quantized]
     for module in with_bias:
         if not isinstance(module, (nn.Linear, Conv1D, nn.LayerNorm)):
             raise ValueError(
@@ -433,17 +449,19 @@ def attnlrp_run(
         # Read under the model's lock: the implementation the attention rules delegate to.
         run.attention = ALL_ATTENTION_FUNCTIONS.get(entered(model), sdpa_attention_forward)
         handles = _share_hooks(model, architecture, run, inputs.shape[0]) if shares else []
-        try:
-            with torch.enable_grad():
-                run.output = forward_func(inputs, *args, **kwargs)
-            run.kept = kept_in(run.output, run.kept)
+        try:  # the quantized layers' gradient installed last, so that it runs before the other hooks,
+            # and kept for the backward passes, which may run the blocks again
+            with dequantized_gradients(model):
+                with torch.enable_grad():
+                    run.output = forward_func(inputs, *args, **kwargs)
+                run.kept = kept_in(run.output, run.kept)
+                if not run.attended or run.embeddings is None:
+                    raise ValueError(
+                        f"{type(model).__name__} ran no attention through transformers' attention-function interface "
+                        "or never called its input embeddings; AttnLRP needs both (BERT, GPT-2, Llama, ViT, ... in "
+                        "transformers 5)."
+                    )
+                yield run
         finally:
             for handle in handles:
                 handle.remove()
-        if not run.attended or run.embeddings is None:
-            raise ValueError(
-                f"{type(model).__name__} ran no attention through transformers' attention-function interface or "
-                "never called its input embeddings; AttnLRP needs both (BERT, GPT-2, Llama, ViT, ... in "
-                "transformers 5)."
-            )
-        yield run

@@ -24,7 +24,6 @@ from typing import Any, Callable, Iterator
 
 import torch
 from torch import Tensor, nn
-from transformers.pytorch_utils import Conv1D
 
 from captum_attnflow.hf.models import hf_models, main_model, outermost
 from captum_attnflow.hf.own_attention import (
@@ -40,6 +39,7 @@ from captum_attnflow.hf.own_attention import (
     falcon_after,
     mpnet_after,
 )
+from captum_attnflow.hf.weights import linear_weight
 
 
 @dataclass(frozen=True)
@@ -78,10 +78,10 @@ class Architecture:
             attention); the callable may return None for a block (OPT, pre-LN unless
             ``do_layer_norm_before`` is False).
         after_attention: ``(block, x, attention) -> output``: the rest of the block given its
-            input ``x`` (..., n, D) and the projected attention output (..., n, D): residual,
-            norms and feed-forward, in eval mode. Leading axes broadcast, so many variants of
-            one layer run in one call. Of an encoder-decoder, its encoder's blocks (value zeroing
-            runs its decoder blocks whole, the cross-attention reading the changed queries).
+            input ``x`` (B, n, D) and the projected attention output (B, n, D): residual, norms
+            and feed-forward, in eval mode (value zeroing runs its variants of one layer as
+            one batch). Of an encoder-decoder, its encoder's blocks (value zeroing runs its
+            decoder blocks whole, the cross-attention reading the changed queries).
         gated_unit: ``block -> (activation, up projection)`` of a gated feed-forward
             :math:`W_d(\\mathrm{act}(W_g x) \\odot W_u x)` (Llama-style), the two modules whose
             outputs are multiplied (None for a block without one, such as a mixture-of-experts
@@ -171,12 +171,6 @@ def _gpt2_after(block: nn.Module, x: Tensor, attention: Tensor) -> Tensor:
 def _llama_after(block: nn.Module, x: Tensor, attention: Tensor) -> Tensor:
     hidden = x + attention
     return hidden + block.mlp(block.post_attention_layernorm(hidden))
-
-
-def _mixtral_after(block: nn.Module, x: Tensor, attention: Tensor) -> Tensor:
-    hidden = x + attention  # the experts take (B, n, D): leading axes flattened into the batch
-    normed = block.post_attention_layernorm(hidden)
-    return hidden + block.mlp(normed.reshape(-1, *normed.shape[-2:])).reshape(normed.shape)
 
 
 def _phi3_after(block: nn.Module, x: Tensor, attention: Tensor) -> Tensor:
@@ -298,7 +292,7 @@ _LLAMA = Architecture(
     gated_unit=lambda block: (block.mlp.act_fn, block.mlp.up_proj),
 )
 _MIXTRAL = Architecture(
-    ("MixtralDecoderLayer",), lambda block: block.self_attn.o_proj, None, _mixtral_after,
+    ("MixtralDecoderLayer",), lambda block: block.self_attn.o_proj, None, _llama_after,
     held_constant=lambda block: (block.mlp.gate,),
     gated_experts=lambda block: (block.mlp.experts.act_fn, block.mlp.experts),
 )
@@ -311,7 +305,7 @@ def _is_moe(block: nn.Module) -> bool:
 
 
 _QWEN3_MOE = Architecture(
-    ("Qwen3MoeDecoderLayer",), lambda block: block.self_attn.o_proj, None, _mixtral_after,
+    ("Qwen3MoeDecoderLayer",), lambda block: block.self_attn.o_proj, None, _llama_after,
     gated_unit=lambda block: None if _is_moe(block) else (block.mlp.act_fn, block.mlp.up_proj),
     held_constant=lambda block: (block.mlp.gate,) if _is_moe(block) else (),
     gated_experts=lambda block: (block.mlp.experts.act_fn, block.mlp.experts) if _is_moe(block) else None,
@@ -513,13 +507,11 @@ def scores_as_loaded(module: nn.Module) -> Iterator[None]:
 
 
 def projection_weight(projection: nn.Module) -> tuple[Tensor, Tensor | None]:
-    """``(W (D_in, D_out), b (D_out,) or None)`` of an output projection, ``y = x W + b``, for an
-    ``nn.Linear`` (weight stored transposed) or GPT-2's ``Conv1D`` (stored as is)."""
-    if isinstance(projection, Conv1D):
-        return projection.weight, projection.bias
-    if isinstance(projection, nn.Linear):
-        return projection.weight.t(), projection.bias
-    raise TypeError(f"the output projection must be an nn.Linear or a Conv1D, got {type(projection).__name__}.")
+    """``(W (D_in, D_out), b (D_out,) or None)`` of an output projection, ``y = x W + b``: an
+    ``nn.Linear`` (quantized ones dequantized, :func:`~captum_attnflow.hf.weights.linear_weight`)
+    or GPT-2's ``Conv1D``."""
+    weight, bias = linear_weight(projection)
+    return weight.t(), bias
 
 
 def layer_norm_parameters(norm: nn.Module) -> tuple[Tensor, Tensor, float]:

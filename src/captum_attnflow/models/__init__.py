@@ -10,3 +10,6 @@ __all__ += ["load_agreement_lm"]
 from captum_attnflow.models.tagger import load_chunk_tagger  # noqa: E402
 
 __all__ += ["load_chunk_tagger"]
+from captum_attnflow.models.retrieval import load_retrieval_model  # noqa: E402
+
+__all__ += ["load_retrieval_model"]

@@ -19,10 +19,10 @@ from transformers import get_linear_schedule_with_warmup
 
 
 def adamw_with_schedule(
-    model: nn.Module, lr: float, weight_decay: float, warmup: int, steps: int
+    model: nn.Module, lr: float, weight_decay: float, warmup: int, steps: int, betas: tuple[float, float] = (0.9, 0.999)
 ) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW over ``model``'s parameters and its learning-rate schedule: linear warm-up from 0 to
-    ``lr`` over ``warmup`` steps, then linear decay to 0 at ``steps``.
+    """AdamW over ``model``'s parameters (moment decays ``betas``) and its learning-rate schedule:
+    linear warm-up from 0 to ``lr`` over ``warmup`` steps, then linear decay to 0 at ``steps``.
 
     Example::
 
@@ -30,7 +30,7 @@ def adamw_with_schedule(
         >>> schedule.get_last_lr()  # warm-up starts from 0
         [0.0]
     """
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, betas=betas)
     return optimizer, get_linear_schedule_with_warmup(optimizer, warmup, steps)
 
 
