@@ -235,6 +235,44 @@ def peaked(layers: int, n: int, heads: int = 2, seed: int = 0) -> torch.Tensor:
     return softmax_attention(6 * torch.randn(layers, 1, heads, n, n, generator=generator))
 
 
+# Tiny encoder-decoders of each geometry: BART and Marian post-LN, mBART and M2M-100 (NLLB) pre-LN,
+# T5 pre-RMS-norm without biases (gated as T5 v1.1). Initialised wide, so that no token's share is
+# negligible and the decompositions' differences show.
+_SEQ2SEQ_COMMON = dict(
+    vocab_size=40, d_model=16, encoder_layers=2, decoder_layers=3, encoder_attention_heads=2, decoder_attention_heads=2,
+    encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=32, init_std=0.3,
+)
+SEQ2SEQ = {
+    "bart": lambda: transformers.BartForConditionalGeneration(transformers.BartConfig(**_SEQ2SEQ_COMMON)),
+    "marian": lambda: transformers.MarianMTModel(
+        transformers.MarianConfig(**_SEQ2SEQ_COMMON, pad_token_id=1, decoder_start_token_id=2)
+    ),
+    "mbart": lambda: transformers.MBartForConditionalGeneration(transformers.MBartConfig(**_SEQ2SEQ_COMMON)),
+    "m2m_100": lambda: transformers.M2M100ForConditionalGeneration(transformers.M2M100Config(**_SEQ2SEQ_COMMON, pad_token_id=1)),
+    "t5": lambda: transformers.T5ForConditionalGeneration(transformers.T5Config(
+        vocab_size=40, d_model=16, d_kv=4, d_ff=32, num_layers=2, num_decoder_layers=3, num_heads=2,
+        feed_forward_proj="gated-gelu", decoder_start_token_id=2, pad_token_id=1,
+    )),
+}
+
+
+def make_seq2seq(kind: str, seed: int = 0) -> nn.Module:
+    """A tiny random encoder-decoder of :data:`SEQ2SEQ` in eval mode (sdpa, as loaded)."""
+    torch.manual_seed(seed)
+    return SEQ2SEQ[kind]().eval()
+
+
+def seq2seq_batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(source, source_mask, decoder_inputs, decoder_mask, written)``: two examples padded on the
+    right (pad id 1), the second shorter on both sides; ``written`` (B, m) each position's next token."""
+    source = torch.tensor([[5, 6, 7, 8, 9, 3], [10, 11, 12, 3, 1, 1]])
+    source_mask = (source != 1).long()
+    written = torch.tensor([[13, 14, 15, 3], [16, 3, 1, 1]])
+    decoder = torch.tensor([[2, 13, 14, 15], [2, 16, 1, 1]])
+    decoder_mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
+    return source, source_mask, decoder, decoder_mask, written
+
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 needs_browser = pytest.mark.skipif(
     CHROMIUM is None, reason="no Chromium on PATH (apt-get install chromium; .ci/run installs it)"

@@ -28,7 +28,9 @@ identity rule), GPT2LMHeadModel, LlamaForCausalLM (grouped-query heads, default 
 without biases), ViTForImageClassification; the families whose attention runs in their own
 modules, DebertaV2ForSequenceClassification (content-to-position and position-to-content terms),
 MPNetForSequenceClassification (relative position bias), BloomForCausalLM and FalconForCausalLM
-(ALiBi, or Falcon's rotary positions); Gemma2ForCausalLM (soft-capping in the attention and on the logits).
+(ALiBi, or Falcon's rotary positions); Gemma2ForCausalLM (soft-capping in the attention and on the
+logits); T5ForConditionalGeneration (:func:`seq2seq_attnlrp_reference`: two token leaves, the
+cross-attention by the attention's rules, its relative position bias a term of the scores).
 """
 
 from __future__ import annotations
@@ -532,6 +534,76 @@ def _vision_tower(model, pixels, feature):
 VISION_TOWERS = ("dinov2", "clip_vision_model", "siglip_vision_model")
 ENCODERS = {"bert": _bert, "roberta": _bert, "deberta-v2": _deberta, "mpnet": _mpnet}
 DECODERS = {"gpt2": _gpt2, "llama": _llama, "bloom": _bloom, "falcon": _falcon, "gemma2": _gemma2}
+
+
+def _t5_stack(tape, stack, h, heads, causal, encoder=None):
+    """A T5 stack's blocks and final norm on the tape, from its embedded tokens ``h``; a decoder
+    (``encoder`` the encoder output's node) with its cross-attention over the encoder's outputs."""
+    n = tape.v(h).shape[0]
+    allowed = torch.ones(n, n, dtype=torch.bool)
+    allowed = allowed.tril() if causal else allowed
+    bias = stack.block[0].layer[0].SelfAttention.compute_bias(n, n)[0]
+    for block in stack.block:
+        layer = block.layer
+        att = layer[0].SelfAttention
+        a = tape.rms_norm(h, layer[0].layer_norm)
+        q, k, v = (tape.linear(a, m.weight) for m in (att.q, att.k, att.v))
+        h = tape.add(h, tape.linear(tape.attention(q, k, v, heads, heads, allowed, 1.0, bias), att.o.weight))
+        if encoder is not None:
+            att = layer[1].EncDecAttention
+            a = tape.rms_norm(h, layer[1].layer_norm)
+            q = tape.linear(a, att.q.weight)
+            k, v = tape.linear(encoder, att.k.weight), tape.linear(encoder, att.v.weight)
+            every = torch.ones(n, tape.v(encoder).shape[0], dtype=torch.bool)
+            h = tape.add(h, tape.linear(tape.attention(q, k, v, heads, heads, every, 1.0), att.o.weight))
+        feed = layer[-1].DenseReluDense
+        m = tape.rms_norm(h, layer[-1].layer_norm)
+        if hasattr(feed, "wi_1"):  # gated: act(wi_0 x) * wi_1 x
+            inner = tape.product(tape.identity(tape.linear(m, feed.wi_0.weight), feed.act), tape.linear(m, feed.wi_1.weight))
+        else:
+            inner = tape.identity(tape.linear(m, feed.wi.weight), feed.act)
+        h = tape.add(h, tape.linear(inner, feed.wo.weight))
+    return tape.rms_norm(h, stack.final_layer_norm)
+
+
+def _t5(model, source, decoder_inputs, position):
+    """T5ForConditionalGeneration: the source and the decoder's inputs two token leaves (returned
+    as the tape's nodes 0 and 1), the decoder's output at ``position`` through the LM head."""
+    tape = _Tape()
+    table = model.shared.weight
+    source_leaf = tape.leaf(table[source], "token")
+    target_leaf = tape.leaf(table[decoder_inputs], "token")
+    heads = model.config.num_heads
+    encoder = _t5_stack(tape, model.encoder, source_leaf, heads, causal=False)
+    h = _t5_stack(tape, model.decoder, target_leaf, heads, causal=True, encoder=encoder)
+    if model.config.tie_word_embeddings:  # the output rescaled before the tied head: a linear map
+        h = tape.identity(h, lambda value: value * model.config.d_model**-0.5)
+    return tape, tape.linear(tape.take(h, position), model.lm_head.weight)
+
+
+def seq2seq_attnlrp_reference(model, source, decoder_inputs, target, attention_mask=None, decoder_attention_mask=None):
+    """AttnLRP relevance of each decoder position of a T5ForConditionalGeneration over the source
+    tokens and the decoder's inputs, (B, m, n_s + m) float64 (padding 0), each position for the
+    logit of ``target[:, t]``; and per example and position the ledger (as :func:`attnlrp_reference`)."""
+    model64 = copy.deepcopy(model).double().eval()
+    batch, n_s = source.shape
+    m = decoder_inputs.shape[1]
+    rows = torch.zeros(batch, m, n_s + m, dtype=torch.float64)
+    ledgers = []
+    with torch.no_grad():
+        for b in range(batch):
+            real_s = torch.arange(n_s) if attention_mask is None else attention_mask[b].nonzero().flatten()
+            real_t = torch.arange(m) if decoder_attention_mask is None else decoder_attention_mask[b].nonzero().flatten()
+            for where, t in enumerate(real_t.tolist()):
+                tape, logits = _t5(model64, source[b, real_s], decoder_inputs[b, real_t], where)
+                explained = tape.take(logits, int(target[b, t]))
+                R = tape.relevance(explained)
+                rows[b, t, real_s] = R[0].sum(-1)
+                rows[b, t, n_s + real_t] = R[1].sum(-1)
+                ledgers.append({"token": float(R[0].sum() + R[1].sum()), "bias": sum(tape.ledger_bias),
+                                "softmax": sum(tape.ledger_softmax), "other": sum(tape.ledger_other),
+                                "logit": float(tape.v(explained))})
+    return rows, ledgers
 
 
 def attnlrp_reference(model, inputs, target, attention_mask=None, position=None):

@@ -160,9 +160,21 @@ def test_rows_are_non_negative_and_sum_to_one(method):
 
 def test_unsupported_model_names_the_supported_ones():
     torch.manual_seed(0)
-    model = transformers.T5EncoderModel(transformers.T5Config(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, vocab_size=60))
+    model = transformers.XLNetModel(transformers.XLNetConfig(vocab_size=60, d_model=32, n_layer=2, n_head=4, d_inner=64))
     with pytest.raises(ValueError, match="knows the model types .*'bert'"):
         ALTI(model.eval()).attribute(torch.tensor([[1, 2, 3]]))
+
+
+def test_an_encoder_decoders_encoder_alone_is_one_stack():
+    """T5's encoder (T5EncoderModel) has the blocks of the T5 row: each one self-attention, so the
+    one-stack methods run on it and give rows summing to 1."""
+    torch.manual_seed(0)
+    model = transformers.T5EncoderModel(transformers.T5Config(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+                                                              vocab_size=60)).eval()
+    ids = torch.tensor([[4, 5, 6, 1]])
+    for method in (ALTI, ValueZeroing):
+        scores = method(model).attribute(ids, layer=None)
+        torch.testing.assert_close(scores.sum(-1), torch.ones(2, 1))
 
 
 def test_mask_given_the_captum_way_is_used_without_a_warning(recwarn):

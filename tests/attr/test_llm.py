@@ -15,6 +15,7 @@ from captum_attnflow import (
     AttentionFlow,
     AttentionNorm,
     AttentionRollout,
+    AttnLRP,
     GradientWeightedRollout,
     LLMAttentionAttribution,
     RawAttention,
@@ -330,8 +331,28 @@ def test_gradient_weighted_rollout_of_an_encoder_decoder(seq2seq, tokenizer):
     decoder = torch.cat([torch.tensor([[start]]), written[:, :-1]], 1)
     rows = method.encoder_decoder_rows(source, decoder, written)[0]
     torch.testing.assert_close(result.token_attr, rows[:, : source.shape[1]])
-    with pytest.raises(TypeError, match="explains decoder-only models here"):
-        LLMAttentionAttribution(ALTI(seq2seq), tokenizer).attribute(PROMPT, target=TARGET)
+
+
+@pytest.mark.parametrize("method", [ALTI, ValueZeroing, AttentionNorm, AttnLRP])
+def test_every_method_explains_an_encoder_decoder_through_the_wrapper(seq2seq, tokenizer, method):
+    """The wrapper's rows are the method's own encoder_decoder_rows: source tokens in token_attr,
+    the start token and the earlier outputs in decoder_start_attr and output_attr, their sums the
+    source and target shares (ALTI+'s, summing to 1)."""
+    result = LLMAttentionAttribution(method(seq2seq), tokenizer).attribute(PROMPT, target="are . that", layer=-1)
+    source = tokenizer(PROMPT, return_tensors="pt")["input_ids"]
+    written = torch.tensor([tokenizer.convert_tokens_to_ids(["are", ".", "that"])])
+    decoder = torch.cat([torch.tensor([[seq2seq.config.decoder_start_token_id]]), written[:, :-1]], 1)
+    target = (written,) if method is AttnLRP else ()
+    rows = method(seq2seq).encoder_decoder_rows(source, decoder, *target, -1)[0]
+    n_in = source.shape[1]
+    torch.testing.assert_close(result.token_attr, rows[:, :n_in])
+    torch.testing.assert_close(result.decoder_start_attr, rows[:, n_in])
+    torch.testing.assert_close(result.output_attr[:, :2], rows[:, n_in + 1 :])
+    torch.testing.assert_close(result.source_share, rows[:, :n_in].sum(-1))
+    torch.testing.assert_close(result.target_share, rows[:, n_in:].sum(-1))
+    assert result.decoder_start_token == tokenizer.convert_ids_to_tokens(seq2seq.config.decoder_start_token_id)
+    if method in (ALTI, ValueZeroing):
+        torch.testing.assert_close(result.source_share + result.target_share, torch.ones(3))
 
 
 ALL_METHODS = [RawAttention, AttentionRollout, AttentionFlow, GradientWeightedRollout, ValueZeroing, ALTI, AttentionNorm]

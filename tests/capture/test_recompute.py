@@ -213,11 +213,10 @@ def test_on_by_default_where_the_activations_outweigh_a_block(monkeypatch):
     assert recomputes(True, model, torch.zeros(1, 2, dtype=torch.long), "AttnLRP")
     images = torch.zeros(1, 3, 16, 16)  # pixel values: their token count is the model's
     assert not recomputes(None, model, images, "AttnLRP")
-    t5 = transformers.T5EncoderModel(transformers.T5Config(vocab_size=40, d_model=32, d_kv=8, d_ff=64, num_layers=2,
-                                                          num_heads=4))
-    assert not recomputes(None, t5, torch.zeros(1, 10 * tokens, dtype=torch.long), "AttnLRP")
+    outside = transformers.XLNetModel(transformers.XLNetConfig(vocab_size=40, d_model=32, n_layer=2, n_head=4, d_inner=64))
+    assert not recomputes(None, outside, torch.zeros(1, 10 * tokens, dtype=torch.long), "AttnLRP")
     with pytest.raises(ValueError, match="recompute=True"):
-        recomputes(True, t5, torch.zeros(1, 2, dtype=torch.long), "GradientWeightedRollout")
+        recomputes(True, outside, torch.zeros(1, 2, dtype=torch.long), "GradientWeightedRollout")
     seen = _recomputations(monkeypatch)
     ids = torch.randint(5, 60, (1, tokens))
     for method in (AttnLRP, GradientWeightedRollout):

@@ -11,7 +11,7 @@ from helpers import browser, needs_browser
 from captum_attnflow.attr import LLMAttentionAttributionResult
 from captum_attnflow.cli import main
 from captum_attnflow.explanation import ExplanationResult
-from captum_attnflow.visualize.html import NEGATIVE, POSITIVE, colour
+from captum_attnflow.visualize.html import NEGATIVE, PALETTES, POSITIVE, colour
 
 def _cells(dom: str) -> list[dict]:
     pattern = re.compile(r'<td class="caf-cell" style="background-color:rgb\((\d+),(\d+),(\d+)\)[^"]*" '
@@ -86,6 +86,36 @@ def test_generated_text_view_has_a_row_per_output_token(tmp_path):
     assert [cell["score"] for cell in cells] == pytest.approx([0.6, -0.1, 0.3, 0.2, 0.5, -0.3])
     negative = next(cell for cell in cells if cell["score"] == pytest.approx(-0.3))
     assert negative["rgb"][2] > negative["rgb"][0]  # below 0: blue
+
+
+@needs_browser
+def test_encoder_decoder_view_shows_source_and_target_prefix_in_two_colours_of_one_row(tmp_path):
+    """An encoder-decoder's row: the source tokens on the red scale, a gap, then the start token and
+    the earlier output tokens on the green one, one scale for both; the row labelled with its
+    source share. Saved and loaded with its shares."""
+    result = LLMAttentionAttributionResult(
+        input_tokens=["▁die", "▁Katze", "</s>"], output_tokens=["▁the", "▁cat"], seq_attr=torch.tensor([0.3, 0.4, 0.1]),
+        token_attr=torch.tensor([[0.5, 0.2, 0.1], [0.1, 0.6, 0.05]]), output_attr=torch.tensor([[0.0, 0.0], [0.15, 0.0]]),
+        sink_attr=torch.tensor([0.5, 0.1]), decoder_start_attr=torch.tensor([0.2, 0.1]), method="ALTI",
+        source_share=torch.tensor([0.8, 0.75]), target_share=torch.tensor([0.2, 0.25]), decoder_start_token="<pad>",
+    )
+    page = tmp_path / "translation.html"
+    result.to_html(page)
+    dom = browser("--dump-dom", page.as_uri())
+    cells = _cells(dom)
+    assert [cell["row"] for cell in cells] == ["1: ▁the (source 0.80)"] * 5 + ["2: ▁cat (source 0.75)"] * 5
+    assert [cell["token"] for cell in cells[:5]] == ["▁die", "▁Katze", "&lt;/s&gt;", "&lt;pad&gt;", "▁the"]
+    assert [cell["score"] for cell in cells[5:]] == pytest.approx([0.1, 0.6, 0.05, 0.1, 0.15])
+    groups = re.findall(r'data-group="([^"]+)"', dom)
+    assert groups == (["source"] * 3 + ["target prefix"] * 2) * 2 and dom.count('class="caf-gap"') == 2
+    source, target = cells[6], cells[9]  # 0.6 on the source, 0.1 on the start token: red, and green
+    assert source["rgb"][0] > source["rgb"][1] and target["rgb"][1] > target["rgb"][0]
+    assert cells[1]["rgb"] == colour(0.2, 0.6) and cells[3]["rgb"] == colour(0.2, 0.6, PALETTES[1])  # one scale
+    assert "source: ▁die ▁Katze" in dom
+    files = result.save(tmp_path / "translation")
+    loaded = LLMAttentionAttributionResult.load(files[0])
+    assert loaded == result and torch.equal(loaded.source_share, result.source_share)
+    assert loaded.decoder_start_token == "<pad>"
 
 
 def test_repr_html_is_a_fragment_without_network():

@@ -8,18 +8,18 @@ import pytest
 import torch
 import transformers
 
-from captum_attnflow import AttentionFlow, AttentionRollout, LLMAttentionAttribution, load_agreement_lm
+from captum_attnflow import ALTI, AttentionFlow, AttentionRollout, LLMAttentionAttribution, load_agreement_lm
 from captum_attnflow.cli import main
 from captum_attnflow.models.language_model import build_lm_tokenizer
 
 PROMPT = "the keys to the cabinet"
 
 
-def _table(printed: str) -> tuple[list[str], list[str], torch.Tensor]:
-    """(output column names, prompt tokens, scores (n_in, n_out)) of the printed table."""
+def _table(printed: str, label: str = "prompt") -> tuple[list[str], list[str], torch.Tensor]:
+    """(output column names, row tokens, scores (n_rows, n_out)) of the printed table whose header starts with ``label``."""
     lines = printed.splitlines()
-    start = next(index for index, line in enumerate(lines) if line.startswith("prompt "))
-    columns = lines[start].split()[1:]
+    start = next(index for index, line in enumerate(lines) if line.startswith(label + " "))
+    columns = lines[start][len(label):].split()
     tokens, rows = [], []
     for line in lines[start + 2 :]:
         cells = line.split()
@@ -63,11 +63,25 @@ def test_generate_continues_with_a_local_encoder_decoder(tmp_path, capsys):
     expected = LLMAttentionAttribution(AttentionRollout(model), tokenizer).attribute(
         PROMPT, max_new_tokens=3, drop_sink=True
     )
-    columns, tokens, scores = _table(printed)
+    columns, tokens, scores = _table(printed, "source")
     assert [column.split(":", 1)[1] for column in columns] == expected.output_tokens
     assert tokens == ["the", "keys", "to", "the", "cabinet"]
     torch.testing.assert_close(scores, expected.token_attr.T, atol=1e-4, rtol=0)
     assert out.read_bytes().startswith(b"\x89PNG")
+    # ALTI+: the target prefix's scores below the source's, the shares under them, the HTML in two colours
+    page = tmp_path / "alti.html"
+    assert main(["generate", PROMPT, "--model", str(tmp_path / "t5"), "--target", "are . that", "--method", "alti",
+                 "--out", str(out), "--html", str(page)]) == 0
+    printed = capsys.readouterr().out
+    expected = LLMAttentionAttribution(ALTI(model), tokenizer).attribute(PROMPT, target="are . that")
+    _, tokens, scores = _table(printed, "target prefix")
+    assert tokens == [expected.decoder_start_token, "are", "."]
+    torch.testing.assert_close(scores, torch.cat([expected.decoder_start_attr[:, None], expected.output_attr[:, :2]], 1).T,
+                               atol=1e-4, rtol=0)
+    shares = re.findall(r"\d:\S+ (\d\.\d+)", next(line for line in printed.splitlines() if line.startswith("source share:")))
+    torch.testing.assert_close(torch.tensor([float(share) for share in shares]), expected.source_share, atol=1e-4, rtol=0)
+    view = page.read_text()
+    assert view.count('data-group="source"') == 3 * 6 and view.count('data-group="target prefix"') == 3 * 3
 
 
 def test_generate_errors_are_clear(tmp_path, capsys):

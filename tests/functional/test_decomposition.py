@@ -68,7 +68,9 @@ def test_alti_matches_explicit_loops_pre_and_post_norm_on_both_code_paths():
     mask = torch.tensor([[True] * 5, [True, True, True, False, False]])
     probabilities = probabilities * mask[:, None, None, :]
     probabilities = probabilities / probabilities.sum(-1, keepdim=True)
-    norm = (torch.rand(6, dtype=torch.float64) + 0.5, torch.randn(6, dtype=torch.float64), 1e-5)
+    generator = torch.Generator().manual_seed(1)  # not the global generator: other tests move it
+    norm = (torch.rand(6, generator=generator, dtype=torch.float64) + 0.5,
+            torch.randn(6, generator=generator, dtype=torch.float64), 1e-5)
     for layer_norm in (None, norm):
         expected = _alti_loops(probabilities, values, inputs, weight, bias, mask, layer_norm)
         compiled = alti_contributions(
@@ -215,3 +217,87 @@ def test_rows_of_a_block_are_normalised_as_rows_of_the_whole():
     whole = normalised_rows(scores, mask)
     torch.testing.assert_close(torch.cat([normalised_rows(scores[:, s : s + 4], mask, s) for s in (0, 4)], 1), whole)
     assert whole[0, 3, 3] == 1.0
+
+
+def _cross_loops(probabilities, values, inputs, weight, bias, query_mask, key_mask, norm):
+    """ALTI+'s cross-attention contributions written out per (t, j), float64: the encoder outputs'
+    vectors, then the residual's, each position's distances to its block output."""
+    batch, heads, m, n = probabilities.shape
+    size = values.shape[-1]
+    result = torch.zeros(batch, m, n + 1, dtype=torch.float64)
+    for b in range(batch):
+        for t in range(m):
+            if not query_mask[b, t]:
+                continue
+            vectors = torch.zeros(n + 1, inputs.shape[-1], dtype=torch.float64)
+            for j in range(n):
+                for h in range(heads):
+                    vectors[j] += probabilities[b, h, t, j] * values[b, h, j] @ weight[h * size : (h + 1) * size]
+            vectors[n] = inputs[b, t]
+            pre = vectors.sum(0) + bias
+            if norm is None:
+                output = pre
+            else:
+                gamma, beta, eps = norm
+                sigma = (pre.var(unbiased=False) + eps).sqrt()
+                output = (pre - pre.mean()) / sigma * gamma + beta
+                vectors = (vectors - vectors.mean(-1, keepdim=True)) * gamma / sigma
+            for j in range(n + 1):
+                if j == n or key_mask[b, j]:
+                    gain = output.abs().sum() - (output - vectors[j]).abs().sum()
+                    result[b, t, j] = max(0.0, float(gain))
+            if result[b, t].sum() == 0:  # nothing brings y_t closer: the residual keeps it (documented)
+                result[b, t, n] = 1.0
+            result[b, t] /= result[b, t].sum()
+    return result
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 10_000), post_ln=st.booleans())
+def test_cross_attention_contributions_follow_the_definition(seed, post_ln):
+    """Three decoder queries over five encoder keys, the second example's last two keys padding
+    (probability 0) and its last query padding."""
+    generator = torch.Generator().manual_seed(seed)
+    batch, heads, m, n, size, width = 2, 3, 3, 5, 4, 6
+    scores = torch.randn(batch, heads, m, n, generator=generator, dtype=torch.float64)
+    key_mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]).bool()
+    query_mask = torch.tensor([[1, 1, 1], [1, 1, 0]]).bool()
+    probabilities = torch.softmax(scores.masked_fill(~key_mask[:, None, None], -torch.inf), -1)
+    values = torch.randn(batch, heads, n, size, generator=generator, dtype=torch.float64)
+    inputs = torch.randn(batch, m, width, generator=generator, dtype=torch.float64)
+    weight = torch.randn(heads * size, width, generator=generator, dtype=torch.float64)
+    bias = torch.randn(width, generator=generator, dtype=torch.float64)
+    norm = (1 + torch.rand(width, generator=generator, dtype=torch.float64), torch.randn(width, generator=generator,
+            dtype=torch.float64), 1e-5) if post_ln else None
+    expected = _cross_loops(probabilities, values, inputs, weight, bias, query_mask, key_mask, norm)
+    ours = decomposition.alti_cross_contributions(probabilities, values, inputs, weight, bias, query_mask, key_mask, norm)
+    torch.testing.assert_close(ours.double(), expected, atol=1e-5, rtol=1e-4)
+    blocks = [(0, probabilities[:, :, :2]), (2, probabilities[:, :, 2:])]  # rows block by block, as a lean capture gives them
+    blocked = decomposition.alti_cross_contributions(blocks, values, inputs, weight, bias, query_mask, key_mask, norm)
+    torch.testing.assert_close(blocked, ours)
+
+
+def test_cross_attention_distances_in_torch_equal_the_kernels():
+    """Under autograd the distances are torch operations: a key past the queries is no query's own token."""
+    probabilities, values, inputs, weight, bias = _layer(3, n=4)
+    cross = probabilities[:, :, :3]  # three queries over four keys
+    projected = projected_values(values, weight)
+    outputs = torch.randn(2, 3, weight.shape[1], dtype=torch.float64)
+    kernel = decomposition._distances_where_they_are(cross.float(), projected.float(), inputs[:, :3].float(),
+                                                     outputs.float(), None, None, 4)
+    grad = decomposition._distances_where_they_are(cross.float().requires_grad_(), projected.float(),
+                                                   inputs[:, :3].float(), outputs.float(), None, None, 4)
+    torch.testing.assert_close(grad.detach(), kernel, atol=1e-5, rtol=1e-5)
+
+
+def test_norms_of_a_cross_attention_are_over_its_keys():
+    probabilities, values, _, weight, _ = _layer(4, n=5)
+    cross = probabilities[:, :, :3]  # three queries over five keys
+    query_mask = torch.tensor([[1, 1, 1], [1, 1, 0]]).bool()
+    key_mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]]).bool()
+    norms = attention_norms(cross, values, weight, query_mask, key_mask)
+    size = values.shape[-1]
+    for b, t, j in [(0, 2, 4), (1, 1, 3)]:
+        vector = sum(cross[b, h, t, j] * values[b, h, j] @ weight[h * size : (h + 1) * size] for h in range(3))
+        torch.testing.assert_close(norms[b, t, j].double(), vector.norm(), atol=1e-5, rtol=1e-5)
+    assert norms.shape == (2, 3, 5) and norms[1, 2].abs().max() == 0 and norms[1, :, 4].abs().max() == 0

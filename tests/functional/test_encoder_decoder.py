@@ -210,3 +210,71 @@ def test_rollout_of_a_real_model_follows_the_equations(arch):
         torch.stack(maps.encoder)[:, 0], torch.stack(maps.decoder)[:, 0], torch.stack(maps.cross)[:, 0], 0.5, 3
     )
     torch.testing.assert_close(scores[0], expected, atol=1e-5, rtol=1e-5)
+
+
+def _composition_loops(encoder_maps, decoder_maps, layer):
+    """[U T] after decoder layer ``layer`` for one example, written out: R_enc = C_Le ... C_1;
+    U_l = S_l U_{l-1} + X_l R_enc, T_l = S_l T_{l-1} from T_0 = I, U_0 = 0."""
+    rolled = torch.eye(encoder_maps.shape[-1], dtype=torch.float64)
+    for c in encoder_maps:
+        rolled = c @ rolled
+    n, m = encoder_maps.shape[-1], decoder_maps.shape[-2]
+    u, t = torch.zeros(m, n, dtype=torch.float64), torch.eye(m, dtype=torch.float64)
+    for d in decoder_maps[:layer]:
+        cross, own = d[:, :n], d[:, n:]
+        u, t = own @ u + cross @ rolled, own @ t
+    return torch.cat([u, t], -1)
+
+
+def _random_contributions(seed, batch=2, n=5, m=4, encoder_layers=2, decoder_layers=3):
+    generator = torch.Generator().manual_seed(seed)
+    encoder = torch.softmax(torch.randn(encoder_layers, batch, n, n, generator=generator, dtype=torch.float64), -1)
+    scores = torch.randn(decoder_layers, batch, m, n + m, generator=generator, dtype=torch.float64)
+    scores[..., n:] = scores[..., n:].masked_fill(~torch.ones(m, m, dtype=torch.bool).tril(), -torch.inf)
+    return encoder, torch.softmax(scores, -1)
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_contributions_compose_as_written_out(seed):
+    from captum_attnflow.functional.encoder_decoder import encoder_decoder_contributions
+
+    encoder, decoder = _random_contributions(seed)
+    scores = encoder_decoder_contributions(encoder, decoder, layer=None)
+    for layer in range(1, 4):
+        for b in range(2):
+            expected = _composition_loops(encoder[:, b], decoder[:, b], layer)
+            torch.testing.assert_close(scores[layer - 1, b].double(), expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(scores.sum(-1), torch.ones(3, 2, 4))  # each position split between source and prefix
+
+
+def test_padding_takes_no_share_and_leaves_the_real_tokens_unchanged():
+    """The maps of an example padded on the right, whatever its padding rows and columns hold, give
+    the real tokens' rows of the example alone, and 0 on padding."""
+    from captum_attnflow.functional.encoder_decoder import encoder_decoder_contributions
+
+    encoder, decoder = _random_contributions(5, batch=1, n=4, m=3)
+    alone = encoder_decoder_contributions(encoder, decoder, None)
+    generator = torch.Generator().manual_seed(6)
+    padded_encoder = torch.rand(2, 1, 5, 5, generator=generator, dtype=torch.float64)
+    padded_encoder[..., :4, :4] = encoder
+    padded_decoder = torch.rand(3, 1, 4, 9, generator=generator, dtype=torch.float64)
+    padded_decoder[..., :3, [0, 1, 2, 3, 5, 6, 7]] = decoder
+    padded = encoder_decoder_contributions(padded_encoder, padded_decoder, None, torch.tensor([[1, 1, 1, 1, 0]]),
+                                           torch.tensor([[1, 1, 1, 0]]))
+    torch.testing.assert_close(padded[:, :, :3][..., [0, 1, 2, 3, 5, 6, 7]], alone)
+    assert padded[..., 4].abs().max() == 0 and padded[..., 8].abs().max() == 0 and padded[:, :, 3].abs().max() == 0
+
+
+@pytest.mark.parametrize("alpha", [0.5, 1.0])
+def test_rollout_is_the_composition_of_its_residual_mixed_maps(alpha):
+    """Rollout's joint graph is the contributions' composition with X = alpha W_cross, S = (1 - alpha) A."""
+    from captum_attnflow.functional.encoder_decoder import encoder_decoder_contributions
+
+    encoder, decoder, cross = random_maps(1)
+    mixed_encoder = torch.stack([residual(layer.mean(1), alpha) for layer in encoder])
+    joint = torch.cat([alpha * cross.mean(2), (1 - alpha) * torch.stack([residual(d.mean(1), alpha) for d in decoder])], -1)
+    torch.testing.assert_close(
+        encoder_decoder_contributions(mixed_encoder, joint, None),
+        encoder_decoder_rollout(encoder, decoder, cross, layer=None, residual_alpha=alpha), atol=1e-5, rtol=1e-5,
+    )

@@ -23,6 +23,14 @@ TOWERS = {
     "siglip_vision_model": ("vision", transformers.SiglipVisionModel),
 }
 VISION = dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64, image_size=16, patch_size=8)
+# An encoder-decoder's row names its encoder's blocks and its decoder's; the encoder's are rebuilt
+# here, the decoder's cross-attention is tested against references (tests/attr/test_encoder_decoder_methods.py).
+SEQ2SEQ = {
+    "bart": dict(encoder_layers=3, encoder_attention_heads=4, encoder_ffn_dim=64, max_position_embeddings=64),
+    "t5": dict(num_layers=3, num_heads=4, d_kv=8, d_ff=64),
+}
+for _kind in ("marian", "mbart", "m2m_100"):
+    SEQ2SEQ[_kind] = dict(SEQ2SEQ["bart"], pad_token_id=1, decoder_start_token_id=2)
 
 
 def _model(model_type: str) -> torch.nn.Module:
@@ -39,6 +47,9 @@ def _model(model_type: str) -> torch.nn.Module:
         kind, model_class = TOWERS[model_type]
         settings = VISION if kind == "vision" else SMALL
         return model_class(transformers.AutoConfig.for_model(model_type, **settings)).eval()
+    elif model_type in SEQ2SEQ:
+        config = transformers.AutoConfig.for_model(model_type, vocab_size=60, d_model=32, **SEQ2SEQ[model_type])
+        return transformers.AutoModelForSeq2SeqLM.from_config(config).get_encoder().eval()
     elif model_type in ("llama", "mistral", "qwen2"):
         config = transformers.AutoConfig.for_model(model_type, num_key_value_heads=2, **SMALL)
     elif model_type in FAMILIES:
@@ -85,7 +96,7 @@ def test_outputs_are_the_models_own_and_the_model_is_restored():
 
 def test_a_model_outside_the_table_is_refused_with_the_supported_types():
     torch.manual_seed(0)
-    model = transformers.T5EncoderModel(transformers.T5Config(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, vocab_size=60))
+    model = transformers.XLNetModel(transformers.XLNetConfig(vocab_size=60, d_model=32, n_layer=2, n_head=4, d_inner=64))
     with pytest.raises(ValueError, match="captum_attnflow_agreement.*xlm-roberta"):
         architecture_of(model, "ALTI")
     with pytest.raises(ValueError, match="holds no Hugging Face model"):

@@ -19,11 +19,12 @@ from captum_attnflow.attr._base import (
     with_recompute_args,
 )
 from captum_attnflow.attr.gradient_rollout import _TARGET_DOC
+from captum_attnflow.capture import seq2seq_attnlrp_forward
 from captum_attnflow.capture.lrp import attnlrp_run
 from captum_attnflow.capture.recompute import recomputes
 from captum_attnflow.docstrings import fill_docstring
 from captum_attnflow.functional.checks import POSITION_DOC, as_mask
-from captum_attnflow.hf import output_scores, target_scores
+from captum_attnflow.hf import check_token_ids, output_scores, target_scores
 
 _ARGS_DOC = """
         Args:
@@ -86,8 +87,9 @@ class AttnLRP(AttentionAttribution, GradientAttribution):
     the rules come from transformers' attention-function interface (for the families whose
     attention runs in their own modules, hooks on their query, key and value projections) and the
     architecture table (:mod:`captum_attnflow.capture.lrp`): the model types of
-    :data:`~captum_attnflow.hf.architectures.ARCHITECTURES`. Parameters'
-    ``.grad`` are not touched; it runs under ``torch.no_grad()`` too.
+    :data:`~captum_attnflow.hf.architectures.ARCHITECTURES`; an encoder-decoder's through
+    :meth:`encoder_decoder_rows`. Parameters' ``.grad`` are not touched; it runs under
+    ``torch.no_grad()`` too.
 
     Args:
         forward_func: a Hugging Face model (classifier, language model, vision transformer), or
@@ -148,6 +150,75 @@ class AttnLRP(AttentionAttribution, GradientAttribution):
         result = torch.stack(rows, 1).expand(batch, sources.shape[1], n) * mask[:, None]
         result = result.to(torch.promote_types(result.dtype, torch.float32))
         return as_returned(result, has_axis, inputs)
+
+    def encoder_decoder_rows(
+        self,
+        input_ids: Tensor,
+        decoder_input_ids: Tensor,
+        target: Tensor,
+        layer: int | None = -1,
+        attention_mask: Tensor | None = None,
+        decoder_attention_mask: Tensor | None = None,
+        show_progress: bool | None = None,
+    ) -> Tensor:
+        """AttnLRP relevance of every decoder position of an encoder-decoder (BART, Marian, mBART,
+        M2M-100, T5) over the source tokens and the target prefix, each position t explained for
+        its own logit, that of ``target[:, t]``.
+
+        The encoder's and the decoder's token embeddings are the two leaves
+        (:func:`~captum_attnflow.capture.seq2seq_lrp.seq2seq_attnlrp_forward`); the cross-attention's
+        bilinear products :math:`q k^\\top` (decoder queries, encoder keys) and :math:`A v`
+        (the encoder outputs' values) get the uniform rule, as the self-attention's. Relevance is
+        conserved as on one stack: :math:`\\sum_j R_j` over the source tokens and the decoder's
+        inputs differs from the logit by what the biases and the position embeddings keep and
+        what the softmax linearisation loses.
+
+        Args:
+            input_ids: (B, n_s) source token ids; ``attention_mask`` (B, n_s) their padding.
+            decoder_input_ids: (B, m) the decoder's inputs (start token, then the target tokens
+                before each predicted one); ``decoder_attention_mask`` (B, m) their padding.
+            target: (B, m) the token each decoder position predicts.
+            layer: -1 or None: AttnLRP explains the model's output.
+            show_progress: a tqdm bar over the decoder positions (one backward pass each); None
+                (default) shows one for long inputs.
+
+        Returns:
+            Tensor: (B, m, n_s + m), float32 (float64 for a float64 model): row t over the source
+            tokens, then the decoder's input tokens; padding 0.
+
+        Example::
+
+            >>> import torch
+            >>> from transformers import MarianConfig, MarianMTModel
+            >>> from captum_attnflow import AttnLRP
+            >>> model = MarianMTModel(MarianConfig(vocab_size=40, d_model=16, encoder_layers=2, decoder_layers=2,
+            ...     encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32,
+            ...     pad_token_id=39, decoder_start_token_id=39)).eval()
+            >>> written = torch.tensor([[8, 9, 0]])
+            >>> decoder = torch.tensor([[39, 8, 9]])  # the start token, then the target shifted
+            >>> AttnLRP(model).encoder_decoder_rows(torch.tensor([[5, 6, 7, 0]]), decoder, written).shape
+            torch.Size([1, 3, 7])
+        """
+        if layer not in (-1, None):
+            raise ValueError(
+                f"AttnLRP explains the model's output, not a layer's representation: pass layer=-1 or None, got {layer!r}."
+            )
+        check_token_ids(input_ids, self.forward_func)
+        check_token_ids(decoder_input_ids, self.forward_func)
+        batch, m = decoder_input_ids.shape
+        source = as_mask(attention_mask, *input_ids.shape, input_ids.device)
+        mask = torch.cat([source, as_mask(decoder_attention_mask, batch, m, input_ids.device)], 1)
+        run = seq2seq_attnlrp_forward(self.forward_func, input_ids, decoder_input_ids, attention_mask, decoder_attention_mask)
+        with torch.enable_grad():
+            logits = output_scores(run.output)
+            scores = logits.gather(-1, torch.as_tensor(target, device=logits.device).reshape(batch, m, 1))[..., 0]
+        rows = []
+        with torch.enable_grad(), progress_bar(show_progress, decoder_input_ids, "AttnLRP", "backward", m) as bar:
+            for t in range(m):
+                rows.append(run.relevance(scores[:, t], retain_graph=t < m - 1))
+                bar.update()
+        result = torch.stack(rows, 1) * (mask[:, None] & mask[:, source.shape[1]:, None])
+        return result.to(torch.promote_types(result.dtype, torch.float32)).to(input_ids.device)
 
     @contextlib.contextmanager
     def _scores(self, inputs: Any, target: Any, additional_forward_args: Any, position: Any, attention_mask: Any,

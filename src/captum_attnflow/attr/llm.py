@@ -66,10 +66,14 @@ class LLMAttentionAttribution(TokenPreparation, Attribution):
       gradient of its own logit at the position that writes it (all positions from one forward
       pass and batched backward passes); on an encoder-decoder with Chefer et al.'s co-attention
       rules (:meth:`~captum_attnflow.GradientWeightedRollout.encoder_decoder_rows`).
-      :class:`~captum_attnflow.AttnLRP` does the same on decoder-only models (one backward pass per
-      output token, its relevance not normalised).
+      :class:`~captum_attnflow.AttnLRP` does the same (one backward pass per output token, its
+      relevance not normalised; on an encoder-decoder over the source and the target prefix,
+      :meth:`~captum_attnflow.AttnLRP.encoder_decoder_rows`).
       :class:`~captum_attnflow.ValueZeroing`, :class:`~captum_attnflow.ALTI` and
-      :class:`~captum_attnflow.AttentionNorm` explain decoder-only models of the architecture table.
+      :class:`~captum_attnflow.AttentionNorm` explain the models of the architecture table; on an
+      encoder-decoder ALTI is ALTI+ (Ferrando et al., EMNLP 2022) and value zeroing composes on
+      the same joint graph (:meth:`~captum_attnflow.ALTI.encoder_decoder_rows`), the norms are
+      one decoder layer's, as raw attention.
     * A Captum ``TextTemplateInput`` is explained per source, its values, with any of these
       methods: a value's score is the sum of its tokens' scores,
       :math:`S_{t,f} = \\sum_{j \\in f} x_{t,j}` (a token across a boundary counted once, for the
@@ -77,6 +81,11 @@ class LLMAttentionAttribution(TokenPreparation, Attribution):
       :func:`~captum_attnflow.attr.llm_inputs.token_sources`), and the template's own text is in
       no source but in ``result.template_attr``. The result is shaped as Captum's
       ``LLMAttribution`` gives it for a template (``input_tokens`` the values).
+
+    On an encoder-decoder, ``token_attr`` holds the scores of the source tokens, ``output_attr``
+    and ``decoder_start_attr`` those of the target prefix, and ``source_share`` and
+    ``target_share`` their sums per output token: the source's and the target prefix's
+    contributions, which sum to 1 for ALTI+, value zeroing and rollout.
 
     Args:
         attr_method: a :class:`~captum_attnflow.RawAttention`,
@@ -325,13 +334,9 @@ class LLMAttentionAttribution(TokenPreparation, Attribution):
         self, prompts: list[Tensor], outputs: list[Tensor], layer: int, kwargs: dict
     ) -> list[Tensor]:
         """Per example, (n_out, n_in + n_out): the joint-graph row of each decoder position."""
-        gradient = isinstance(self.attr_method, GradientWeightedRollout)
-        if not gradient and type(self.attr_method) not in _JOINT_GRAPH:
-            raise TypeError(
-                f"{type(self.attr_method).__name__} explains decoder-only models here; an encoder-decoder is explained "
-                "by RawAttention, AttentionRollout, AttentionFlow or GradientWeightedRollout."
-            )
-        options = {"show_progress"} | (set() if gradient else {"head_fusion", "residual_alpha"})
+        gradient = isinstance(self.attr_method, (GradientWeightedRollout, AttnLRP))
+        joint = type(self.attr_method) in _JOINT_GRAPH
+        options = {"show_progress"} | ({"head_fusion", "residual_alpha"} if joint else set())
         unknown = set(kwargs) - options
         if unknown:
             raise TypeError(
@@ -346,10 +351,14 @@ class LLMAttentionAttribution(TokenPreparation, Attribution):
         source, source_mask, _ = pad(prompts, pad_token, "right")
         decoder_inputs = [torch.cat([o.new_tensor([start]), o[:-1]]) for o in outputs]
         decoder, decoder_mask, _ = pad(decoder_inputs, pad_token, "right")
-        if gradient:  # Chefer et al.'s co-attention rules, each position for the token it writes
+        if gradient:  # each position explained for the token it writes
             written, _, _ = pad(outputs, pad_token, "right")
             scores = self.attr_method.encoder_decoder_rows(
                 source, decoder, written, layer, source_mask, decoder_mask, show_progress=show_progress
+            )
+        elif not joint:  # the decompositions' per-layer maps on the joint graph (ALTI+)
+            scores = self.attr_method.encoder_decoder_rows(
+                source, decoder, layer, source_mask, decoder_mask, show_progress=show_progress
             )
         else:
             options = {"residual_alpha": default(self.attr_method, "residual_alpha"), **kwargs}
@@ -379,10 +388,13 @@ class LLMAttentionAttribution(TokenPreparation, Attribution):
             predicting = torch.arange(n_out, device=device)[:, None] + n_in - 1
             rows = rows / (predicting - torch.arange(n_in + n_out, device=device)[None, :] + 1).clamp_min(1)
         prompt_rows, later = rows[:, :n_in], rows[:, n_in:]
-        decoder_start = None
+        decoder_start = source_share = target_share = None
+        start_token = ""
         if self.encoder_decoder:
             # the decoder's inputs are its start token and every output token but the last
             decoder_start = later[:, 0].clone()
+            source_share, target_share = prompt_rows.sum(-1), later.sum(-1)
+            start_token = self.tokenizer.convert_ids_to_tokens([self.model.config.decoder_start_token_id])[0] or ""
             later = torch.cat([later[:, 1:], later.new_zeros(n_out, 1)], 1)
         if isinstance(text, TemplatePrompt):
             sources = text.sources.to(device).clone()
@@ -411,4 +423,7 @@ class LLMAttentionAttribution(TokenPreparation, Attribution):
             inp=text.inp if isinstance(text, TemplatePrompt) else text,
             method=type(self.attr_method).__name__,
             model_name=str(getattr(getattr(self.model, "config", None), "name_or_path", "") or ""),
+            source_share=source_share,
+            target_share=target_share,
+            decoder_start_token=start_token,
         )

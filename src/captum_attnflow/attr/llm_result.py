@@ -14,7 +14,10 @@ from captum_attnflow.saving import load_result, save_result
 from captum_attnflow.words import groups_from_tokens, groups_with_tokenizer, reduce_groups, spell
 
 _KIND = "LLMAttentionAttributionResult"
-_TENSORS = ("seq_attr", "token_attr", "output_attr", "sink_attr", "decoder_start_attr", "template_attr")
+_TENSORS = (
+    "seq_attr", "token_attr", "output_attr", "sink_attr", "decoder_start_attr", "template_attr", "source_share",
+    "target_share",
+)
 
 
 class LLMAttentionAttributionResult(LLMAttributionResult):
@@ -35,6 +38,12 @@ class LLMAttentionAttributionResult(LLMAttributionResult):
             source (the template's own text, special tokens, a chat template's text; the first
             token with ``drop_sink=True``); None for a prompt of tokens. Summed with the sources
             (each mask group once) it gives the prompt's whole score.
+        source_share, target_share: (n_out,) for an encoder-decoder, the sum of each output
+            token's scores over the source tokens (all of them, ``skip_tokens`` included) and over
+            the target prefix (the start token and the earlier output tokens): ALTI+'s source and
+            target contributions (Ferrando et al., EMNLP 2022), which sum to 1 for ALTI, value
+            zeroing and rollout. None for a decoder-only model.
+        decoder_start_token: the decoder's start token as the tokenizer spells it (encoder-decoders).
         method: the attention method's class name ("AttentionRollout").
         model_name: the model's ``config.name_or_path``.
 
@@ -78,6 +87,9 @@ class LLMAttentionAttributionResult(LLMAttributionResult):
         inp: Any = None,
         method: str = "",
         model_name: str = "",
+        source_share: Tensor | None = None,
+        target_share: Tensor | None = None,
+        decoder_start_token: str = "",
     ) -> None:
         super().__init__(
             input_tokens=input_tokens, output_tokens=output_tokens, seq_attr=seq_attr, token_attr=token_attr, inp=inp
@@ -88,11 +100,16 @@ class LLMAttentionAttributionResult(LLMAttributionResult):
         self.template_attr = template_attr
         self.method = method
         self.model_name = model_name
+        self.source_share = source_share
+        self.target_share = target_share
+        self.decoder_start_token = decoder_start_token
 
     def to_html(self, path: str | Path | None = None, title: str | None = None) -> str:
         """A self-contained HTML view: one row per output token, one cell per prompt token,
         coloured by ``token_attr`` (see :mod:`captum_attnflow.visualize.html`); written to
-        ``path`` as a whole page when given.
+        ``path`` as a whole page when given. An encoder-decoder's rows hold the source tokens in
+        red, then its target prefix (the start token and the earlier output tokens) in green, on
+        one scale, each row labelled with its source share.
 
         Returns:
             str: the HTML (a fragment without ``path``, the page with it).
@@ -101,10 +118,20 @@ class LLMAttentionAttributionResult(LLMAttributionResult):
 
         rows = [f"{t + 1}: {token}" for t, token in enumerate(self.output_tokens)]
         name = " ".join(part for part in (self.method, self.model_name) if part)
-        unit = "score of the prompt token" if self.template_attr is None else "score of the source"
-        section = Section(name, rows, self.input_tokens, self.token_attr.detach().float().cpu().numpy(), unit)
+        scores = self.token_attr.detach().float().cpu()
+        if self.source_share is None:
+            unit = "score of the prompt token" if self.template_attr is None else "score of the source"
+            section = Section(name, rows, self.input_tokens, scores.numpy(), unit)
+        else:
+            prefix = [self.decoder_start_token or "<start>", *self.output_tokens[:-1]]
+            scores = torch.cat([scores, self.decoder_start_attr.detach().float().cpu()[:, None],
+                                self.output_attr.detach().float().cpu()[:, :-1]], 1)
+            shares = self.source_share.detach().float().cpu().tolist()
+            rows = [f"{row} (source {share:.2f})" for row, share in zip(rows, shares)]
+            groups = (("source", len(self.input_tokens)), ("target prefix", len(prefix)))
+            section = Section(name, rows, [*self.input_tokens, *prefix], scores.numpy(), "score", groups)
         page = attribution_html(
-            [section], title=title or "prompt: " + " ".join(self.input_tokens),
+            [section], title=title or ("prompt: " if self.source_share is None else "source: ") + " ".join(self.input_tokens),
             prediction="output: " + " ".join(self.output_tokens), full_page=path is not None,
         )
         if path is not None:
@@ -119,11 +146,11 @@ class LLMAttentionAttributionResult(LLMAttributionResult):
 
         Columns (prompt pieces) and rows (output pieces) of ``token_attr`` and ``output_attr``
         are reduced over each word by ``reduce`` (``"sum"``, ``"max"`` or ``"mean"``, as
-        :func:`~captum_attnflow.words.aggregate_words`); ``sink_attr``, ``decoder_start_attr``
-        and ``template_attr`` over the output words; ``seq_attr`` is the mean of the new rows,
-        as before. Words come from ``tokenizer`` (the text encoded again, its word ids used
-        when it gives back the same pieces), else from the pieces' markers (``##``, ``Ġ``,
-        ``▁``); special tokens stay apart. When the columns are sources (a
+        :func:`~captum_attnflow.words.aggregate_words`); ``sink_attr``, ``decoder_start_attr``,
+        ``template_attr``, ``source_share`` and ``target_share`` over the output words;
+        ``seq_attr`` is the mean of the new rows, as before. Words come from ``tokenizer`` (the
+        text encoded again, its word ids used when it gives back the same pieces), else from the
+        pieces' markers (``##``, ``Ġ``, ``▁``); special tokens stay apart. When the columns are sources (a
         ``TextTemplateInput``), they stay as they are and only the output is merged.
         """
         sources = self.template_attr is not None
@@ -140,7 +167,7 @@ class LLMAttentionAttributionResult(LLMAttributionResult):
         token_attr = reduce_groups(columns, output, reduce, 0)
         optional = {
             name: None if getattr(self, name) is None else reduce_groups(getattr(self, name), output, reduce, 0)
-            for name in ("decoder_start_attr", "template_attr")
+            for name in ("decoder_start_attr", "template_attr", "source_share", "target_share")
         }
         return LLMAttentionAttributionResult(
             input_tokens=list(self.input_tokens) if prompt is None else _words(self.input_tokens, prompt, tokenizer, special),
@@ -149,6 +176,7 @@ class LLMAttentionAttributionResult(LLMAttributionResult):
             output_attr=reduce_groups(reduce_groups(self.output_attr, output, reduce, -1), output, reduce, 0),
             sink_attr=reduce_groups(self.sink_attr, output, reduce, 0),
             **optional, inp=self.inp, method=self.method, model_name=self.model_name,
+            decoder_start_token=self.decoder_start_token,
         )
 
     def save(self, path: str | Path, compress: bool = False) -> list[Path]:
@@ -157,7 +185,7 @@ class LLMAttentionAttributionResult(LLMAttributionResult):
         files written (example in the class docstring)."""
         tensors = {name: getattr(self, name) for name in _TENSORS if getattr(self, name) is not None}
         fields = dict(input_tokens=list(self.input_tokens), output_tokens=list(self.output_tokens), method=self.method,
-                      model_name=self.model_name)
+                      model_name=self.model_name, decoder_start_token=self.decoder_start_token)
         return save_result(path, _KIND, fields, tensors, compress)
 
     @classmethod
@@ -178,8 +206,8 @@ class LLMAttentionAttributionResult(LLMAttributionResult):
             mine, theirs = getattr(self, name), getattr(other, name)
             if (mine is None) != (theirs is None) or mine is not None and not torch.equal(torch.as_tensor(mine), torch.as_tensor(theirs)):
                 return False
-        return (list(self.input_tokens), list(self.output_tokens), self.method, self.model_name) == (
-            list(other.input_tokens), list(other.output_tokens), other.method, other.model_name
+        return (list(self.input_tokens), list(self.output_tokens), self.method, self.model_name, self.decoder_start_token) == (
+            list(other.input_tokens), list(other.output_tokens), other.method, other.model_name, other.decoder_start_token
         )
 
 

@@ -39,7 +39,7 @@ from captum_attnflow.functional.kernels import block_bytes
 from captum_attnflow.hf.architectures import Architecture, architecture_of, layer_norm_parameters, projection_weight
 from captum_attnflow.hf.dispatch import onloaded
 from captum_attnflow.hf.inputs import reorder_tokens
-from captum_attnflow.hf.models import hf_models, outermost, owning_module
+from captum_attnflow.hf.models import hf_models, main_model, outermost, owning_module
 
 # Zeroed variants of one layer run together in chunks of about this many hidden numbers
 # (4 D per token: the feed-forward's width) on the CPU; on a GPU in chunks of a share of its
@@ -95,10 +95,15 @@ class _Weights(NamedTuple):
 
 
 def _weights(forward_func: Any, architecture: Architecture, block: nn.Module) -> _Weights:
-    """The output projection and post-LN norm of ``block``, read through accelerate's hooks when
-    the model is dispatched (the tensors stay valid after the weights are offloaded again)."""
-    projection = architecture.output_projection(block)
+    """The output projection and post-LN norm of ``block``'s self-attention (see :func:`read_weights`)."""
     norm = None if architecture.post_norm is None else architecture.post_norm(block)
+    return read_weights(forward_func, architecture.output_projection(block), norm, block)
+
+
+def read_weights(forward_func: Any, projection: nn.Module, norm: nn.Module | None, block: nn.Module) -> _Weights:
+    """An attention sub-layer's output projection and post-LN norm (or None) in ``block``, read
+    through accelerate's hooks when the model is dispatched (the tensors stay valid after the
+    weights are offloaded again)."""
     with onloaded(owning_module(forward_func), [projection] + ([] if norm is None else [norm])):
         weight, bias = projection_weight(projection)
         return _Weights(weight, bias, None if norm is None else layer_norm_parameters(norm))
@@ -170,6 +175,14 @@ def _layer_maps(
     attention, whose one layer's (B, H, n, n) probabilities are dropped then (not every layer's:
     L·H·n² numbers, 9.7 GiB for BERT-base at n = 4096)."""
     architecture, modules = architecture_of(forward_func, method)
+    if architecture.cross_attention is not None:
+        encoder = {id(m) for m in main_model(forward_func).get_encoder().modules()}
+        if any(id(module) not in encoder for module in modules):
+            raise TypeError(
+                f"{method} reads one self-attention per block, and an encoder-decoder's decoder blocks also run a "
+                f"cross-attention: explain it with {method}(model).encoder_decoder_rows(input_ids, decoder_input_ids, ...) "
+                "or through LLMAttentionAttribution, or pass its encoder alone (model.get_encoder())."
+            )
     models = outermost(hf_models(owning_module(forward_func)))
     if models and all(supports_lean(model) for model in models):
         try:

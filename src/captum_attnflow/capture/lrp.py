@@ -36,8 +36,10 @@ forward values untouched (each rule returns the model's own output, only its gra
 
 The relevance of token j is :math:`\\sum_d e_{jd} \\tilde\\nabla_{e_{jd}} y_t`, e the token
 embeddings (the input embedding layer's output; for a vision transformer the patch embeddings
-and its learned class tokens). The model is left as it was (attention implementation, mode,
-hooks), also when the call raises.
+and its learned class tokens; for an encoder-decoder two leaves, the encoder's and the decoder's
+token embeddings, its cross-attention under the same rule as self-attention,
+:func:`~captum_attnflow.capture.seq2seq_lrp.seq2seq_attnlrp_forward`). The model is left as it
+was (attention implementation, mode, hooks), also when the call raises.
 """
 
 from __future__ import annotations
@@ -216,10 +218,15 @@ def _capped_attention(
 
 
 @contextlib.contextmanager
-def _rules(model: nn.Module, architecture: Architecture, blocks: list[nn.Module], run: LRPRun) -> Iterator[None]:
-    """Install the rules and the embedding leaf on ``model`` for the block; removed on exit."""
+def _rules(
+    model: nn.Module, architecture: Architecture, blocks: list[nn.Module], run: LRPRun,
+    leaves: Callable[[nn.Module, LRPRun], list[Any]] | None = None,
+) -> Iterator[None]:
+    """Install the rules and the embedding leaf on ``model`` for the block; removed on exit.
+    ``leaves``: ``(model, run) -> handles`` of the hooks making the run's leaves, where they are
+    not the input embeddings' output (an encoder-decoder's two)."""
     handles = [module.register_forward_hook(hook) for module, hook in _rule_hooks(model, architecture, blocks)]
-    handles += _embedding_hooks(model, architecture, run)
+    handles += _embedding_hooks(model, architecture, run) if leaves is None else leaves(model, run)
     handles += _function_activation_hooks(model, architecture)
     handles += _output_activation_hooks(model, architecture)
     handles += _multihead_attention_hooks(model)
@@ -407,6 +414,11 @@ def attnlrp_run(
             "AttnLRP modifies the backward pass of the model's own layers."
         )
     architecture, blocks = architecture_of(forward_func, "AttnLRP")
+    if architecture.cross_attention is not None and getattr(model.config, "is_encoder_decoder", False):
+        raise TypeError(
+            "AttnLRP explains an encoder-decoder's decoder positions over the source and the target prefix: use "
+            "AttnLRP(model).encoder_decoder_rows(input_ids, decoder_input_ids, target, ...) or LLMAttentionAttribution."
+        )
     refused = architecture.lrp_refused(model.config) if architecture.lrp_refused is not None else None
     if refused is not None:
         raise ValueError(

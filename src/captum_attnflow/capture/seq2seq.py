@@ -93,11 +93,13 @@ def _check_encoder_decoder(model: nn.Module) -> None:
 
 class _Seq2SeqCall(nn.Module):
     """A module around the model, so that ``extract_attentions`` captures its output (all three
-    kinds of attention, not only the encoder's) and restores the model's state afterwards."""
+    kinds of attention, not only the encoder's) and restores the model's state afterwards; with
+    ``output_attentions=False`` the call the decompositions capture (no maps kept by the model)."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, output_attentions: bool = True) -> None:
         super().__init__()
         self.model = model
+        self.output_attentions = output_attentions
         self.output: Any = None
 
     def forward(
@@ -112,7 +114,7 @@ class _Seq2SeqCall(nn.Module):
             attention_mask=attention_mask,
             decoder_input_ids=decoder_input_ids,
             decoder_attention_mask=decoder_attention_mask,
-            output_attentions=True,
+            output_attentions=self.output_attentions,
         )
         return self.output
 

@@ -5,8 +5,10 @@ the model types of :data:`~captum_attnflow.capture.lean.LEAN_MODEL_TYPES`, and o
 eager attention stores; gradient-weighted rollout does the same on
 :data:`~captum_attnflow.capture.attention_gradients.GRADIENT_MODEL_TYPES`; value zeroing, ALTI, the
 attention norms and AttnLRP need the block internals of
-:data:`~captum_attnflow.hf.architectures.ARCHITECTURES`. :func:`support_table` writes that out as
-the documentation's table (``docs/families.md``, which a test keeps equal to it).
+:data:`~captum_attnflow.hf.architectures.ARCHITECTURES` (an encoder-decoder's on the joint graph of
+its encoder, decoder and cross-attention, through the methods' ``encoder_decoder_rows``).
+:func:`support_table` writes that out as the documentation's table (``docs/families.md``, which a
+test keeps equal to it).
 """
 
 from __future__ import annotations
@@ -47,8 +49,9 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "DINOv2": ("dinov2",),
     "CLIP, SigLIP text towers": ("clip_text_model", "siglip_text_model"),
     "CLIP, SigLIP vision towers": ("clip_vision_model", "siglip_vision_model"),
-    "BART, mBART, Marian (decoder and co-attention)": ("bart", "mbart", "marian"),
-    "T5 (encoder)": ("t5",),
+    "BART, mBART, Marian": ("bart", "mbart", "marian"),
+    "M2M-100, NLLB": ("m2m_100",),
+    "T5, Flan-T5": ("t5",),
     "bundled agreement classifier": ("captum_attnflow_agreement",),
     "bundled tagger": ("captum_attnflow_tagger",),
 }
@@ -62,8 +65,6 @@ _NOTES = {
     "falcon": "attention in its own modules: ALiBi (once, as sdpa adds it), AttnLRP's score bias; or rotary positions",
     "bloom": "attention in its own modules: ALiBi, AttnLRP's score bias",
     "gemma2": "AttnLRP: soft-capping by the identity rule",
-    "bart": "encoder-decoder: these methods explain self-attention stacks",
-    "t5": "encoder-decoder: these methods explain self-attention stacks",
 }
 
 _HEADER = (

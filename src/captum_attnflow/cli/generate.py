@@ -20,7 +20,8 @@ HELP = "explain a language model's continuation of a prompt"
 DESCRIPTION = (
     "Continue PROMPT greedily (or take --target) with the bundled agreement language model or a Hugging "
     "Face causal LM / encoder-decoder (a directory, or a name in the local cache), print each prompt token's "
-    "score for every output token and write the output-tokens x prompt-tokens heatmap (Captum's plot_token_attr)."
+    "score for every output token (an encoder-decoder's source tokens, then its target prefix, and each output "
+    "token's source share) and write the output-tokens x prompt-tokens heatmap (Captum's plot_token_attr)."
 )
 
 
@@ -82,7 +83,17 @@ def run(args: argparse.Namespace) -> int:
     print(f"continuation: {tokenizer.convert_tokens_to_string(result.output_tokens).strip()}")
     if args.words:
         result = result.aggregate_words(tokenizer, args.words)
-    print(_generation_table(result.input_tokens, result.output_tokens, result.token_attr))
+    if result.source_share is None:
+        print(_generation_table(result.input_tokens, result.output_tokens, result.token_attr))
+    else:  # an encoder-decoder: the source's scores, then the target prefix's, and each token's shares
+        import torch
+
+        print(_generation_table(result.input_tokens, result.output_tokens, result.token_attr, "source"))
+        prefix = [result.decoder_start_token or "<start>", *result.output_tokens[:-1]]
+        scores = torch.cat([result.decoder_start_attr[:, None], result.output_attr[:, :-1]], 1)
+        print(_generation_table(prefix, result.output_tokens, scores, "target prefix"))
+        print("source share:  " + "  ".join(f"{t + 1}:{token} {float(share):.4f}"
+                                             for t, (token, share) in enumerate(zip(result.output_tokens, result.source_share))))
     figure, _ = result.plot_token_attr()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(args.out, dpi=120, bbox_inches="tight")
@@ -91,12 +102,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _generation_table(input_tokens: list[str], output_tokens: list[str], token_attr: torch.Tensor) -> str:
-    """Prompt tokens as rows, one column per output token (the transpose of Captum's heatmap)."""
-    width = max(len(token) for token in [*input_tokens, "prompt"])
+def _generation_table(
+    input_tokens: list[str], output_tokens: list[str], token_attr: torch.Tensor, label: str = "prompt"
+) -> str:
+    """Prompt tokens (or an encoder-decoder's source or target prefix, ``label``) as rows, one
+    column per output token (the transpose of Captum's heatmap)."""
+    width = max(len(token) for token in [*input_tokens, label])
     names = [f"{t + 1}:{token}" for t, token in enumerate(output_tokens)]
     widths = [max(8, len(name)) for name in names]
-    header = f"{'prompt':<{width}}  " + "  ".join(f"{name:>{w}}" for name, w in zip(names, widths))
+    header = f"{label:<{width}}  " + "  ".join(f"{name:>{w}}" for name, w in zip(names, widths))
     lines = [header, "-" * len(header)]
     for j, token in enumerate(input_tokens):
         cells = "  ".join(f"{float(token_attr[t, j]):>{w}.4f}" for t, w in enumerate(widths))

@@ -59,14 +59,20 @@ def _row_blocks(batch: int, n: int, size: int, count: int | None = None) -> list
 
 
 def attention_norms(
-    probabilities: Probabilities, values: Tensor, output_weight: Tensor, attention_mask: Tensor
+    probabilities: Probabilities,
+    values: Tensor,
+    output_weight: Tensor,
+    attention_mask: Tensor,
+    key_mask: Tensor | None = None,
 ) -> Tensor:
     """Kobayashi et al.'s norm-based weights, (B, n, n): :math:`\\lVert \\sum_h \\alpha^h_{ij} f^h(x_j) \\rVert_2`,
     the length of what token j adds to token i's attention output; padding rows and columns 0.
 
     ``probabilities``: (B, H, n, n), or its blocks of rows (see :data:`Probabilities`), each
     block's rows computed as it comes; ``values`` (B, H, n, d), ``output_weight`` (H d, D),
-    ``attention_mask`` (B, n) bool.
+    ``attention_mask`` (B, n) bool. A cross-attention's queries are not its keys: probabilities
+    (B, H, m, n) of m queries over n keys, ``attention_mask`` (B, m) the queries' and ``key_mask``
+    (B, n) the keys' (None: the keys are the queries), give (B, m, n).
 
     The vectors are never formed: their squared length is a quadratic form in the heads'
     weights, :math:`\\lVert \\sum_h \\alpha^h_{ij} f^h(x_j) \\rVert^2 = \\alpha_{ij}^\\top G_j \\alpha_{ij}`
@@ -86,8 +92,9 @@ def attention_norms(
     """
     projected = projected_values(values, output_weight)
     batch, heads, n, _ = projected.shape
+    key_mask = attention_mask if key_mask is None else key_mask
     gram = torch.einsum("bhjk,bgjk->bjhg", projected, projected).reshape(batch * n, heads, heads)  # (B n, H, H)
-    norms = torch.empty(batch, n, n, dtype=torch.float32, device=projected.device)
+    norms = torch.empty(batch, attention_mask.shape[1], n, dtype=torch.float32, device=projected.device)
     for start, block in _blocks(probabilities):
         count = block.shape[2]
         # one (r, H) x (H, H) product per token j: a copy with the heads last, then one batched product
@@ -95,7 +102,7 @@ def attention_norms(
         squares = torch.bmm(weights, gram).mul_(weights).sum(-1).view(batch, n, count)
         # rounding can take a length of 0 (a token nobody attends) a hair below 0
         norms[:, start : start + count] = squares.clamp(min=0).sqrt().transpose(1, 2)
-    return norms * (attention_mask[:, :, None] & attention_mask[:, None, :])
+    return norms * (attention_mask[:, :, None] & key_mask[:, None, :])
 
 
 def alti_contributions(
@@ -184,6 +191,85 @@ def alti_contributions(
     return contributions
 
 
+
+def alti_cross_contributions(
+    probabilities: Probabilities,
+    values: Tensor,
+    inputs: Tensor,
+    output_weight: Tensor,
+    output_bias: Tensor | None,
+    attention_mask: Tensor,
+    key_mask: Tensor,
+    norm: tuple[Tensor, Tensor, float] | None = None,
+) -> Tensor:
+    """ALTI+'s contributions of a decoder's cross-attention block (Ferrando, Gállego, Tsiamas &
+    Costa-jussà, EMNLP 2022, "Towards opening the black box of neural machine translation",
+    section 3), (B, m, n + 1): the n encoder outputs, then the residual, rows normalised.
+
+    Decoder position t's query reads the encoder's outputs :math:`e_j`; its block output, residual
+    included, is decomposed as in :func:`alti_contributions` with the residual
+    :math:`x_t` (the cross-attention's input stream) as one more vector:
+    :math:`T_t(e_j) = \\sum_h \\alpha^h_{tj} f^h(e_j)` and :math:`T_t(x_t) = x_t`, summing to
+    :math:`y_t = x_t + \\sum_j T_t(e_j) + b_O` (post-LN, ``norm`` given: each linearised with
+    token t's own statistics, as there). Then
+    :math:`c_{tj} \\propto \\max(0, \\lVert y_t \\rVert_1 - \\lVert y_t - T_t(\\cdot) \\rVert_1)`
+    over the real encoder outputs and the residual.
+
+    Args:
+        probabilities: (B, H, m, n), decoder queries over encoder keys, or their blocks of rows
+            (see :data:`Probabilities`).
+        values: (B, H, n, d) the encoder outputs' value vectors, value bias included.
+        inputs: (B, m, D) the residual stream :math:`x` entering the cross-attention block.
+        output_weight, output_bias: :math:`W_O` (H d, D) and :math:`b_O` (D,) or None.
+        attention_mask: (B, m) bool, the real decoder positions; ``key_mask`` (B, n) bool, the
+            real encoder outputs.
+        norm: ``(gamma, beta, eps)`` of the LayerNorm after the residual (post-LN), or None.
+
+    Returns:
+        float32 (B, m, n + 1): row t over the encoder outputs, then its residual; rows of real
+        positions sum to 1 (a row with nothing left keeps its residual whole), padding rows 0.
+
+    Example::
+
+        >>> import torch
+        >>> from captum_attnflow.functional.decomposition import alti_cross_contributions
+        >>> probabilities = torch.softmax(torch.randn(1, 2, 3, 4), -1)  # 3 decoder queries, 4 encoder keys
+        >>> values, inputs, weight = torch.randn(1, 2, 4, 4), torch.randn(1, 3, 8), torch.randn(8, 8)
+        >>> shares = alti_cross_contributions(probabilities, values, inputs, weight, None,
+        ...                                   torch.ones(1, 3, dtype=torch.bool), torch.ones(1, 4, dtype=torch.bool))
+        >>> shares.shape, torch.allclose(shares.sum(-1), torch.ones(1, 3))
+        (torch.Size([1, 3, 5]), True)
+    """
+    projected = projected_values(values, output_weight)
+    batch, _, n, _ = projected.shape
+    inputs, values, output_weight = inputs.float(), values.float(), output_weight.float()
+    contributions = torch.empty(batch, inputs.shape[1], n + 1, dtype=torch.float32, device=projected.device)
+    columns = torch.cat([key_mask.bool(), key_mask.new_ones(batch, 1, dtype=torch.bool)], 1)
+    for start, block in _blocks(probabilities):
+        rows = slice(start, start + block.shape[2])
+        residual = inputs[:, rows]
+        attention = (block.float() @ values).transpose(1, 2).reshape(batch, block.shape[2], -1) @ output_weight
+        if output_bias is not None:
+            attention = attention + output_bias.float()
+        pre_norm = residual + attention
+        if norm is None:
+            outputs, scale, own = pre_norm, None, residual
+        else:
+            gamma, beta, eps = norm
+            deviation = (pre_norm.var(-1, unbiased=False, keepdim=True) + eps).sqrt()
+            outputs = (pre_norm - pre_norm.mean(-1, keepdim=True)) / deviation * gamma.float() + beta.float()
+            scale = gamma.float() / deviation
+            own = (residual - residual.mean(-1, keepdim=True)) * scale
+        # a row offset of n: no encoder output is the query's own token
+        distances = _distances_where_they_are(block, projected, residual, outputs, scale, None, n)
+        distances = torch.cat([distances, (outputs - own).abs().sum(-1, keepdim=True)], -1)
+        shares = (outputs.abs().sum(-1, keepdim=True) - distances).clamp(min=0) * columns[:, None]
+        sums = shares.sum(-1, keepdim=True)
+        shares[..., -1:] += sums == 0  # nothing left: the residual keeps the position whole
+        real = attention_mask[:, rows, None].bool()
+        contributions[:, rows] = shares / torch.where(sums > 0, sums, torch.ones_like(sums)) * real
+    return contributions
+
 def _distances_where_they_are(
     probabilities: Tensor,
     projected: Tensor,
@@ -223,8 +309,10 @@ def _distances(
     if attention_scale is not None:
         vectors = vectors * attention_scale[:, rows, None]
     local = torch.arange(rows.stop - rows.start, device=inputs.device)
-    own = local + rows.start + row_offset  # the query's own token
-    vectors[:, local, own] += inputs[:, rows]
+    own = local + rows.start + row_offset  # the query's own token; none past the last key (a cross-attention)
+    inside = own < vectors.shape[2]
+    local, own = local[inside], own[inside]
+    vectors[:, local, own] += inputs[:, rows][:, inside]
     if scale is not None:
         vectors = (vectors - vectors.mean(-1, keepdim=True)) * scale[:, rows, None]
     distances = (outputs[:, rows, None] - vectors).abs().sum(-1)

@@ -104,19 +104,126 @@ def encoder_decoder_rollout(
         encoder_attentions, decoder_attentions, cross_attentions, layer, residual_alpha, head_fusion,
         attention_mask, decoder_attention_mask,
     )
-    layers = graph.layers
     encoder = rollout(graph.encoder_layers, residual_alpha, head_fusion, graph.source_mask)[-1]
-    batch, m, n = graph.cross.shape[1:]
-    targets = torch.diag_embed(graph.target_mask.float())  # T_0 = I on real positions
+    decoder = torch.cat([residual_alpha * graph.cross, (1 - residual_alpha) * graph.decoder], -1)
+    scores = _composed(encoder, decoder, graph.target_mask, graph.layers)
+    return scores[0] if layer is not None else scores
+
+
+def encoder_decoder_contributions(
+    encoder_maps: Tensor,
+    decoder_maps: Tensor,
+    layer: int | None = -1,
+    attention_mask: Tensor | None = None,
+    decoder_attention_mask: Tensor | None = None,
+) -> Tensor:
+    """Per-layer contribution maps of an encoder-decoder composed over the joint graph: ALTI+
+    (Ferrando et al., EMNLP 2022, "Towards opening the black box of neural machine
+    translation", section 3) and value zeroing, whose maps hold the residual already.
+
+    Each encoder layer's map :math:`C^{enc}_l` (rows summing to 1) is rolled out,
+    :math:`R_{enc} = C^{enc}_{L_e} \\cdots C^{enc}_1`; each decoder layer's map is one joint
+    matrix :math:`D_l = [X_l \\; S_l]` (m x (n_s + m), rows summing to 1): what position t's
+    output of decoder layer l takes from the encoder's outputs (:math:`X_l`, through the
+    cross-attention) and from the layer's inputs (:math:`S_l`, through the self-attention and the
+    residual). Then, from :math:`T_0 = I`, :math:`U_0 = 0`,
+
+    .. math::
+
+        U_l = S_l U_{l-1} + X_l R_{enc}, \\qquad T_l = S_l T_{l-1},
+
+    and row t of :math:`[U_l \\; T_l]` splits position t over the source tokens and the target
+    input tokens (the decoder's start token and the tokens written so far): the source share
+    :math:`\\sum_j U_l[t, j]` and the target share :math:`\\sum_k T_l[t, k]` sum to 1.
+    :func:`encoder_decoder_rollout` is the same composition of the attention maps with a constant
+    residual, :math:`X_l = \\alpha W^{cross}_l`, :math:`S_l = (1 - \\alpha) A_l`.
+
+    Args:
+        encoder_maps: (L_e, B, n_s, n_s) the encoder layers' contribution maps (row = query).
+        decoder_maps: (L_d, B, m, n_s + m) the decoder layers' joint maps :math:`[X_l \\; S_l]`
+            (:func:`alti_plus_layer` for ALTI+).
+        layer: the decoder layer, 1..L_d (or negative from the top); None for all.
+        attention_mask: (B, n_s), 1 on real source tokens; ``decoder_attention_mask`` (B, m), 1
+            on real decoder positions. Padding rows and columns get 0.
+
+    Returns:
+        float32 (B, m, n_s + m) for one layer, (L_d, B, m, n_s + m) for ``layer=None``: row t
+        over the source tokens (U), then the target input tokens (T).
+
+    Example::
+
+        >>> import torch
+        >>> from captum_attnflow.functional.encoder_decoder import encoder_decoder_contributions
+        >>> encoder = torch.softmax(torch.randn(2, 1, 4, 4), -1)          # (L_e, B, n_s, n_s)
+        >>> decoder = torch.softmax(torch.randn(3, 1, 2, 4 + 2), -1)      # (L_d, B, m, n_s + m)
+        >>> decoder[..., 4:] = decoder[..., 4:].tril()                    # causal: no later target
+        >>> decoder = decoder / decoder.sum(-1, keepdim=True)
+        >>> rows = encoder_decoder_contributions(encoder, decoder)
+        >>> rows.shape, torch.allclose(rows.sum(-1), torch.ones(1, 2))
+        (torch.Size([1, 2, 6]), True)
+    """
+    encoder_maps, decoder_maps = torch.as_tensor(encoder_maps), torch.as_tensor(decoder_maps)
+    if encoder_maps.dim() != 4 or encoder_maps.shape[-1] != encoder_maps.shape[-2]:
+        raise ValueError(f"encoder_maps must be (L_e, B, n_s, n_s), one map per encoder layer, got {tuple(encoder_maps.shape)}.")
+    _, batch, n, _ = encoder_maps.shape
+    if decoder_maps.dim() != 4 or decoder_maps.shape[1] != batch or decoder_maps.shape[-1] != n + decoder_maps.shape[-2]:
+        raise ValueError(
+            f"decoder_maps must be (L_d, B, m, n_s + m) = (L_d, {batch}, m, {n} + m), each decoder layer's map over the "
+            f"encoder outputs then the decoder inputs, got {tuple(decoder_maps.shape)}."
+        )
+    m = decoder_maps.shape[2]
+    device = decoder_maps.device
+    source = as_mask(attention_mask, batch, n, device)
+    target = as_mask(decoder_attention_mask, batch, m, device)
+    source_pairs = (source[:, :, None] & source[:, None, :]).float()
+    rolled = torch.diag_embed(source.float())
+    for encoder_map in encoder_maps.to(device).float():
+        rolled = (encoder_map * source_pairs) @ rolled
+    keep = (target[:, :, None] & torch.cat([source, target], 1)[:, None, :]).float()
+    scores = _composed(rolled, decoder_maps.float() * keep, target, layer_indices(layer, decoder_maps.shape[0]))
+    return scores[0] if layer is not None else scores
+
+
+def alti_plus_layer(self_contributions: Tensor, cross_contributions: Tensor) -> Tensor:
+    """One decoder layer's joint ALTI+ map (B, m, n_s + m), :math:`[X_l \\; r_l \\odot S_l]`: the
+    cross-attention block's contributions of the encoder outputs :math:`X_l`, then the
+    self-attention block's contributions :math:`S_l` (rows summing to 1) scaled row by row by the
+    share :math:`r_l` the cross-attention block left to its residual, which carries the
+    self-attention block's output (the released code's composition of the two sub-layers).
+
+    Args:
+        self_contributions: (B, m, m) the self-attention block's ALTI contributions.
+        cross_contributions: (B, m, n_s + 1) the cross-attention block's, the residual last
+            (:func:`~captum_attnflow.functional.decomposition.alti_cross_contributions`).
+
+    Example::
+
+        >>> import torch
+        >>> from captum_attnflow.functional.encoder_decoder import alti_plus_layer
+        >>> own = torch.tensor([[[1.0, 0.0], [0.25, 0.75]]])               # (B, m, m)
+        >>> cross = torch.tensor([[[0.5, 0.3, 0.2], [0.1, 0.1, 0.8]]])    # (B, m, n_s + 1)
+        >>> alti_plus_layer(own, cross)
+        tensor([[[0.5000, 0.3000, 0.2000, 0.0000],
+                 [0.1000, 0.1000, 0.2000, 0.6000]]])
+    """
+    return torch.cat([cross_contributions[..., :-1], cross_contributions[..., -1:] * self_contributions], -1)
+
+
+def _composed(encoder: Tensor, decoder: Tensor, target_mask: Tensor, layers: list[int]) -> Tensor:
+    """(len(layers), B, m, n_s + m): :math:`[U_l \\; T_l]` of the layers asked, from the rolled-out
+    encoder (B, n_s, n_s) and the decoder layers' joint maps (L_d, B, m, n_s + m), as
+    :func:`encoder_decoder_contributions` composes them."""
+    batch, m, n = decoder.shape[1], decoder.shape[2], encoder.shape[-1]
+    targets = torch.diag_embed(target_mask.float())  # T_0 = I on real positions
     sources = torch.zeros(batch, m, n, device=targets.device)
     out = []
     for index in range(layers[-1] + 1):
-        sources = (1 - residual_alpha) * (graph.decoder[index] @ sources)
-        sources = sources + residual_alpha * (graph.cross[index] @ encoder)
-        targets = (1 - residual_alpha) * (graph.decoder[index] @ targets)
+        cross, own = decoder[index][..., :n], decoder[index][..., n:]
+        sources = own @ sources + cross @ encoder
+        targets = own @ targets
         if index in layers:
             out.append(torch.cat([sources, targets], -1))
-    return out[0] if layer is not None else torch.stack(out)
+    return torch.stack(out)
 
 
 def encoder_decoder_raw_attention(

@@ -43,6 +43,27 @@ from captum_attnflow.hf.weights import linear_weight
 
 
 @dataclass(frozen=True)
+class CrossAttention:
+    """The cross-attention sub-layer of an encoder-decoder's decoder blocks: decoder queries over
+    the encoder's outputs, between the block's self-attention and its feed-forward.
+
+    Attributes:
+        output_projection: ``block -> module``, its output projection :math:`W_O`.
+        post_norm: ``block -> nn.LayerNorm`` applied to residual + cross-attention (post-LN: BART,
+            Marian), or None for pre-LN blocks (mBART, M2M-100, T5), whose norm on the queries'
+            input is token-wise and the encoder's outputs' norm is inside the values.
+        residual: ``(block, x, attention) -> stream``: the residual stream entering the
+            cross-attention sub-layer, from the block's input x (..., m, D) and its
+            self-attention's projected output (..., m, D): :math:`\\mathrm{LN}(x + a)` post-LN,
+            :math:`x + a` pre-LN.
+    """
+
+    output_projection: Callable[[nn.Module], nn.Module]
+    post_norm: Callable[[nn.Module], nn.LayerNorm] | None
+    residual: Callable[[nn.Module, Tensor, Tensor], Tensor]
+
+
+@dataclass(frozen=True)
 class Architecture:
     """Where one family keeps the pieces of its transformer blocks.
 
@@ -59,7 +80,8 @@ class Architecture:
         after_attention: ``(block, x, attention) -> output``: the rest of the block given its
             input ``x`` (B, n, D) and the projected attention output (B, n, D): residual, norms
             and feed-forward, in eval mode (value zeroing runs its variants of one layer as
-            one batch).
+            one batch). Of an encoder-decoder, its encoder's blocks (value zeroing runs its
+            decoder blocks whole, the cross-attention reading the changed queries).
         gated_unit: ``block -> (activation, up projection)`` of a gated feed-forward
             :math:`W_d(\\mathrm{act}(W_g x) \\odot W_u x)` (Llama-style), the two modules whose
             outputs are multiplied (None for a block without one, such as a mixture-of-experts
@@ -106,6 +128,10 @@ class Architecture:
         residual: ``(block, x) -> r``, what the attention's output is added to where it is not
             the block's input x (BLOOM with ``apply_residual_connection_post_layernorm``: the
             input norm's output), :math:`y = r + \\mathrm{attention}`; ALTI reads it.
+        cross_attention: an encoder-decoder's: its decoder blocks' cross-attention sub-layer
+            (:class:`CrossAttention`); ``blocks``, ``output_projection`` and ``post_norm`` then
+            name the encoder's and the decoder's blocks and their self-attention sub-layers.
+            None for a model of one stack.
     """
 
     blocks: tuple[str, ...]
@@ -124,6 +150,7 @@ class Architecture:
     own_attention: OwnAttention | None = None
     residual: Callable[[nn.Module, Tensor], Tensor] | None = None
     output_activation: Callable[[nn.Module], tuple[nn.Module, Callable[[Tensor], Tensor]] | None] | None = None
+    cross_attention: CrossAttention | None = None
 
 
 def _bert_after(block: nn.Module, x: Tensor, attention: Tensor) -> Tensor:
@@ -336,6 +363,49 @@ _CLIP = Architecture(
     class_tokens=("class_embedding",),
 )
 
+# Encoder-decoders. BART and Marian are post-LN; mBART, M2M-100 (and NLLB, an M2M-100) pre-LN; T5
+# pre-RMS-norm without biases, its relative position bias a term of the scores that transformers'
+# attention-function interface receives (so the captured probabilities hold it).
+
+
+def _bart_after(block: nn.Module, x: Tensor, attention: Tensor) -> Tensor:
+    hidden = block.self_attn_layer_norm(x + attention)
+    return block.final_layer_norm(hidden + block.fc2(block.activation_fn(block.fc1(hidden))))
+
+
+def _mbart_after(block: nn.Module, x: Tensor, attention: Tensor) -> Tensor:
+    hidden = x + attention
+    return hidden + block.fc2(block.activation_fn(block.fc1(block.final_layer_norm(hidden))))
+
+
+def _t5_after(block: nn.Module, x: Tensor, attention: Tensor) -> Tensor:
+    return block.layer[-1](x + attention)
+
+
+def _t5_gate(block: nn.Module) -> tuple[nn.Module, nn.Module] | None:
+    """T5 v1.1's and Flan-T5's gated feed-forward, :math:`W_o(\\mathrm{act}(W_{i0} x) \\odot W_{i1} x)`; None for T5's."""
+    feed_forward = block.layer[-1].DenseReluDense
+    return (feed_forward.act, feed_forward.wi_1) if hasattr(feed_forward, "wi_1") else None
+
+
+_BART = Architecture(
+    ("BartEncoderLayer", "BartDecoderLayer", "MarianEncoderLayer", "MarianDecoderLayer"),
+    lambda block: block.self_attn.out_proj, lambda block: block.self_attn_layer_norm, _bart_after,
+    cross_attention=CrossAttention(
+        lambda block: block.encoder_attn.out_proj, lambda block: block.encoder_attn_layer_norm,
+        lambda block, x, attention: block.self_attn_layer_norm(x + attention),
+    ),
+)
+_MBART = Architecture(
+    ("MBartEncoderLayer", "MBartDecoderLayer", "M2M100EncoderLayer", "M2M100DecoderLayer"),
+    lambda block: block.self_attn.out_proj, None, _mbart_after,
+    cross_attention=CrossAttention(lambda block: block.encoder_attn.out_proj, None, lambda block, x, attention: x + attention),
+)
+_T5 = Architecture(
+    ("T5Block",), lambda block: block.layer[0].SelfAttention.o, None, _t5_after, gated_unit=_t5_gate,
+    cross_attention=CrossAttention(lambda block: block.layer[1].EncDecAttention.o, None, lambda block, x, attention: x + attention),
+)
+
 ARCHITECTURES: dict[str, Architecture] = {
     "bert": _BERT,
     "roberta": _ROBERTA,
@@ -371,6 +441,11 @@ ARCHITECTURES: dict[str, Architecture] = {
     "siglip_text_model": _CLIP,
     "siglip_vision_model": _CLIP,
     "deit": _VIT,
+    "bart": _BART,
+    "marian": _BART,
+    "mbart": _MBART,
+    "m2m_100": _MBART,
+    "t5": _T5,
 }
 
 
@@ -378,6 +453,7 @@ ARCHITECTURES: dict[str, Architecture] = {
 # w and ``variance_epsilon`` (LayerNorms are ``nn.LayerNorm``).
 RMS_NORMS = (
     "LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "Qwen3MoeRMSNorm", "MixtralRMSNorm", "Phi3RMSNorm",
+    "T5LayerNorm",
 )
 # RMS norms of other forms, :math:`y = w' \odot x / \sqrt{\overline{x^2} + \epsilon}` with
 # w' = 1 + w (Gemma) or w (OLMo 2): AttnLRP's identity rule on them is the ratio y / x.

@@ -6,7 +6,9 @@ blue below, white at 0; the scale symmetric, ``max |score|`` of the section at f
 the value in the cell's hover text (``title``) and in a read-out line under the table. A legend
 shows the scale with its numbers: from 0 (white) to the largest score (red) for a section
 without a negative score (raw attention, rollout, flow), from ``-max`` (blue) to ``max`` (red)
-otherwise. The prediction is printed above. The page works offline, in
+otherwise. The prediction is printed above. A section's columns may form groups, each in its
+own colours on the section's one scale, apart by a gap (an encoder-decoder's source tokens in
+red, its target prefix in green: :data:`PALETTES`). The page works offline, in
 a notebook (``_repr_html_`` of the result objects) and in any browser.
 """
 
@@ -24,6 +26,9 @@ import numpy as np
 # The diverging scale's ends (matplotlib's tab:red and tab:blue) and its middle.
 POSITIVE = (214, 39, 40)
 NEGATIVE = (31, 119, 180)
+# The (positive, negative) ends of each group of columns, in order: the first group's are the
+# scale above; the second's matplotlib's tab:green and tab:purple.
+PALETTES = ((POSITIVE, NEGATIVE), ((44, 160, 44), (148, 103, 189)))
 _ids = itertools.count()
 
 _STYLE = """
@@ -38,6 +43,7 @@ _STYLE = """
 .caf-view .caf-bar{width:180px;height:12px;border:1px solid #ccc}
 .caf-view .caf-readout{font-size:12px;color:#333;min-height:16px;font-family:monospace}
 .caf-view .caf-unit{font-size:12px;color:#777}
+.caf-view td.caf-gap{width:10px;padding:0}
 """
 
 _SCRIPT = """
@@ -58,6 +64,9 @@ class Section(NamedTuple):
         tokens: the column labels, the n tokens.
         scores: (R, n) values.
         unit: what the values are (e.g. "rollout score"), printed beside the legend.
+        groups: ``(name, count)`` of each group of columns in order, their counts summing to n,
+            each group in the colours of :data:`PALETTES` (e.g. ``(("source", 6), ("target
+            prefix", 3))``); empty (default): one group.
     """
 
     name: str
@@ -65,20 +74,22 @@ class Section(NamedTuple):
     tokens: Sequence[str]
     scores: Any
     unit: str = ""
+    groups: Sequence[tuple[str, int]] = ()
 
 
-def colour(value: float, scale: float) -> tuple[int, int, int]:
-    """The RGB colour of ``value`` on the diverging scale reaching full colour at ``±scale``.
+def colour(value: float, scale: float, palette: tuple[tuple[int, int, int], tuple[int, int, int]] = PALETTES[0]) -> tuple[int, int, int]:
+    """The RGB colour of ``value`` on the diverging scale reaching full colour at ``±scale``, its
+    ends the ``(positive, negative)`` colours of ``palette``.
 
     Example::
 
-        >>> colour(0.0, 1.0), colour(1.0, 1.0), colour(-2.0, 1.0)
-        ((255, 255, 255), (214, 39, 40), (31, 119, 180))
+        >>> colour(0.0, 1.0), colour(1.0, 1.0), colour(-2.0, 1.0), colour(1.0, 1.0, PALETTES[1])
+        ((255, 255, 255), (214, 39, 40), (31, 119, 180), (44, 160, 44))
     """
     if not math.isfinite(value) or scale <= 0:
         return (255, 255, 255)
     share = min(abs(value) / scale, 1.0)
-    end = POSITIVE if value > 0 else NEGATIVE
+    end = palette[0] if value > 0 else palette[1]
     return tuple(round(255 + share * (channel - 255)) for channel in end)  # type: ignore[return-value]
 
 
@@ -149,6 +160,13 @@ def _section(section: Section) -> str:
             f"section {section.name!r}: scores have {values.shape[1]} columns for {len(section.tokens)} tokens; "
             "pass one score per token in each row."
         )
+    groups = list(section.groups) or [("", len(section.tokens))]
+    if sum(count for _, count in groups) != len(section.tokens) or len(groups) > len(PALETTES):
+        raise ValueError(
+            f"section {section.name!r}: groups {groups} must count its {len(section.tokens)} tokens in at most "
+            f"{len(PALETTES)} groups."
+        )
+    group_of = [g for g, (_, count) in enumerate(groups) for _ in range(count)]
     finite = values[np.isfinite(values)]
     scale = float(np.abs(finite).max()) if finite.size else 0.0
     lines = [f'<div class="caf-section" data-name="{html.escape(section.name)}">']
@@ -157,26 +175,31 @@ def _section(section: Section) -> str:
     lines.append("<table>")
     for label, row in zip(section.rows, values):
         cells = []
-        for token, value in zip(section.tokens, row):
-            red, green, blue = colour(float(value), scale)
+        for k, (token, value) in enumerate(zip(section.tokens, row)):
+            if k and group_of[k] != group_of[k - 1]:
+                cells.append('<td class="caf-gap"></td>')
+            red, green, blue = colour(float(value), scale, PALETTES[group_of[k]])
             ink = "#fff" if scale > 0 and abs(value) / scale > 0.6 else "#111"
             shown = html.escape(str(token))
             value = float(value)
             number = f"{value:.4f}"
+            kind = f' data-group="{html.escape(groups[group_of[k]][0])}"' if section.groups else ""
             cells.append(
                 f'<td class="caf-cell" style="background-color:rgb({red},{green},{blue});color:{ink}" '
                 f'data-score="{value!r}" data-row="{html.escape(str(label))}" data-token="{shown}" '
-                f'title="{shown}: {number}">{shown}</td>'
+                f'title="{shown}: {number}"{kind}>{shown}</td>'
             )
         lines.append(f"<tr><th>{html.escape(str(label))}</th>{''.join(cells)}</tr>")
     lines.append("</table>")
     low = -scale if (finite < 0).any() else 0.0  # a legend reaching below 0 only for scores that do
-    stops = [colour(value, scale) for value in ((low, 0.0, scale) if low < 0 else (0.0, scale))]
-    gradient = f"linear-gradient(to right, {', '.join(f'rgb{stop}' for stop in stops)})"
     unit = f'<span class="caf-unit">{html.escape(section.unit)}</span>' if section.unit else ""
-    lines.append(
-        f'<div class="caf-legend"><span>{low:.3g}</span><span class="caf-bar" style="background:{gradient}"></span>'
-        f"<span>{scale:.3g}</span>{unit}</div>"
-    )
+    bars = []
+    for (name, _), palette in zip(groups, PALETTES):
+        stops = [colour(value, scale, palette) for value in ((low, 0.0, scale) if low < 0 else (0.0, scale))]
+        gradient = f"linear-gradient(to right, {', '.join(f'rgb{stop}' for stop in stops)})"
+        shown = f"<span>{html.escape(name)}</span>" if name else ""
+        bars.append(f'{shown}<span>{low:.3g}</span><span class="caf-bar" style="background:{gradient}"></span>'
+                    f"<span>{scale:.3g}</span>")
+    lines.append(f'<div class="caf-legend">{"".join(bars)}{unit}</div>')
     lines.append('<div class="caf-readout">hover over a token to read its score</div></div>')
     return "".join(lines)
