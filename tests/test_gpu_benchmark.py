@@ -7,6 +7,7 @@ import os
 import runpy
 from pathlib import Path
 
+import pytest
 import torch
 
 SCRIPT = Path(__file__).parents[1] / "benchmarks" / "gpu.py"
@@ -18,6 +19,7 @@ KERNEL_ROWS = ("sdpa", "row statistics (pass 1)", "row product of 16 vectors (pa
                "fused probabilities written (both passes)")
 
 
+@pytest.mark.slow  # the whole script end to end (30 s on 2 cores); its pieces have tests of their own
 def test_gpu_benchmark_prints_every_row_of_both_tables(capsys):
     runpy.run_path(str(SCRIPT), run_name="gpu_benchmark")["main"](["--smoke", "--bert", "12", "--llama", "12"])
     lines = capsys.readouterr().out.splitlines()

@@ -271,7 +271,9 @@ def test_row_products_equal_the_product_with_the_map(monkeypatch, chunked):
         monkeypatch.setattr(lean_triton, "_PROGRAMS_PER_SM", 8)
     query, key, allowed = _inputs()
     vectors = torch.rand(2, 3, 37, generator=torch.Generator().manual_seed(2))
-    for name, mask, causal in _masks(allowed):
+    forms = list(_masks(allowed))
+    # the chunks' summing is the same for every mask form: one (the last, the richest) under the interpreter's cost
+    for name, mask, causal in forms[-1:] if chunked else forms:
         scores = AttentionScores(query, key, mask, 0.3, causal)
         product = lean_triton.row_product(query.to(DEVICE), key.to(DEVICE), None if mask is None else mask.to(DEVICE),
                                           0.3, causal, 37, real_keys=allowed.to(DEVICE))
