@@ -40,3 +40,24 @@ def test_a_short_target_list_is_refused_by_every_entry_point():
     torch.testing.assert_close(  # one int still means the same class for all
         GradientWeightedRollout(model).attribute(ids, target=1), GradientWeightedRollout(model).attribute(ids, target=[1, 1])
     )
+
+
+def test_the_embedding_layer_is_the_one_the_forward_calls_on_t5s_encoder():
+    """T5EncoderModel's get_input_embeddings() is `shared`, but its forward calls
+    `encoder.embed_tokens` (the same weight): hooks go on the module that runs."""
+    import transformers
+
+    from captum_attnflow.hf.scores import input_embeddings
+
+    config = transformers.T5Config(vocab_size=60, d_model=16, d_kv=4, d_ff=32, num_layers=2, num_heads=2,
+                                   decoder_start_token_id=0, eos_token_id=3, pad_token_id=0)
+    encoder = transformers.T5EncoderModel(config).eval()
+    wrapped = torch.nn.Sequential(encoder)  # a module holding the model: found through it too
+    for forward_func in (encoder, wrapped):
+        layer, called = input_embeddings(forward_func), []
+        handle = layer.register_forward_hook(lambda module, args, output: called.append(output))
+        encoder(input_ids=torch.tensor([[5, 6, 7, 3]]))
+        handle.remove()
+        assert len(called) == 1
+    full = transformers.T5ForConditionalGeneration(config).eval()
+    assert input_embeddings(full) is full.shared  # the encoder-decoder keeps its shared embedding

@@ -217,6 +217,17 @@ def input_embeddings(forward_func: Any) -> nn.Module:
             f"cannot find the token embedding layer of {type(forward_func).__name__}: it has no "
             "get_input_embeddings() and contains no Hugging Face model; pass embedding_layer=model.<embeddings>."
         )
+    return _called_twin(getattr(getter, "__self__", None), layer)
+
+
+def _called_twin(model: nn.Module | None, layer: nn.Module) -> nn.Module:
+    """The module the forward calls in place of ``layer``: T5's encoder-only model returns its
+    ``shared`` embedding, but its forward calls ``encoder.embed_tokens``, another module holding
+    the same weight, so a hook on ``shared`` would never run."""
+    twin = getattr(getattr(model, "encoder", None), "embed_tokens", None)
+    if (isinstance(twin, nn.Module) and twin is not layer and getattr(model, "decoder", None) is None
+            and getattr(twin, "weight", None) is getattr(layer, "weight", object())):
+        return twin
     return layer
 
 
