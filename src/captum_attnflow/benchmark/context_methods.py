@@ -30,7 +30,7 @@ ATTNTRACE_KEEP = 0.4
 # special tokens; for a tokenizer that has no template, this one writes the prompt as it is after
 # the tokens the tokenizer itself puts first (its beginning of sequence, which a tokenizer may add
 # without naming it its bos_token), so that ContextCite reads what every other row reads.
-PLAIN_CHAT_TEMPLATE = "{{ first_tokens }}{% for message in messages %}{{ message['content'] }}{% endfor %}"
+PLAIN_CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
 
 
 def leave_one_out(model: nn.Module, tokenizer: Any, prompt: TextTemplateInput, response: str, seed: int) -> Tensor:
@@ -99,7 +99,7 @@ def contextcite(ablations: int) -> Callable[..., Tensor]:
         if not getattr(tokenizer, "chat_template", None):
             first_tokens = "".join(tokenizer.convert_ids_to_tokens(tokenizer("")["input_ids"]))
             tokenizer = copy.copy(tokenizer)  # the user's tokenizer keeps no template
-            tokenizer.chat_template = PLAIN_CHAT_TEMPLATE.replace("{{ first_tokens }}", first_tokens)
+            tokenizer.chat_template = first_tokens + PLAIN_CHAT_TEMPLATE
         partitioner = _partitioner(prompt)
         citer = ContextCiter(
             model, tokenizer, partitioner.context, "", num_ablations=ablations, partitioner=partitioner,
