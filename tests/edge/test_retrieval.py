@@ -15,7 +15,7 @@ from captum_attnflow.data import RetrievalExample, ask, build_retrieval_tokenize
 from captum_attnflow.data.retrieval import ATTRIBUTES, MAX_SOURCES, NAMES
 
 # The fact a source states, read independently of the generator's own parsing.
-FACT = re.compile(r"(?P<name>[A-Z][a-z]+)'s (?P<attribute>[a-z]+ [a-z]+) is (?P<value>[A-Za-z ]+)\.")
+FACT = re.compile(r"(?P<name>[A-Z][a-z]+): (?P<value>[A-Za-z ]+) \((?P<attribute>[a-z]+ [a-z]+)\)\.")
 ASKED = re.compile(r"What is (?P<name>[A-Z][a-z]+)'s (?P<attribute>[a-z]+ [a-z]+)\?")
 
 
@@ -134,8 +134,8 @@ def test_tokenizer_special_tokens_no_unknown_words_and_left_padding(tokenizer):
         ids = tokenizer(example.text)["input_ids"]
         assert ids[0] == tokenizer.bos_token_id and tokenizer.unk_token_id not in ids
         assert tokenizer.decode(tokenizer(example.answer, add_special_tokens=False)["input_ids"]) == example.answer
-    batch = tokenizer(["Bob's home city is Lima.", "Lima."], padding=True)
-    assert batch["input_ids"][1][:5] == [0] * 5 and batch["attention_mask"][1] == [0] * 5 + [1] * 3
+    batch = tokenizer(["Bob: Lima (home city).", "Lima."], padding=True)
+    assert batch["input_ids"][1][:6] == [0] * 6 and batch["attention_mask"][1] == [0] * 6 + [1] * 3
 
 
 @settings(max_examples=20, deadline=None)

@@ -57,7 +57,7 @@ def test_the_window_holds_a_facts_person_and_no_other_facts():
     for example in retrieval_examples(20, sources=(4, 16), seed=2):
         ids = tokenizer(example.text)["input_ids"]
         for fact in example.sources:
-            value = tokenizer(fact.rsplit(" is ", 1)[1], add_special_tokens=False)["input_ids"][0]
+            value = tokenizer(fact.split(": ", 1)[1].rsplit(" (", 1)[0], add_special_tokens=False)["input_ids"][0]
             for position in [i for i, token in enumerate(ids) if token == value]:
                 seen = [ids[i] for i in range(max(0, position - window + 1), position) if ids[i] in names]
                 assert seen == tokenizer(fact, add_special_tokens=False)["input_ids"][:1]
@@ -73,7 +73,7 @@ def test_training_command_writes_a_loadable_checkpoint(tmp_path, capsys):
     assert results["n"] == 4 and results["settings"]["steps"] == 2 and results["by_sources"]["4"]["n"] == 2
     model, tokenizer = load_retrieval_model(tmp_path)
     assert not model.training and model.config.num_hidden_layers == 1
-    assert tokenizer("Bob's home city is Lima.")["input_ids"][0] == tokenizer.bos_token_id
+    assert tokenizer("Bob: Lima (home city).")["input_ids"][0] == tokenizer.bos_token_id
 
 
 def test_loading_from_a_directory_without_a_model_names_the_fix(tmp_path):

@@ -1,13 +1,17 @@
 """A seeded generator of retrieval prompts: short facts (the sources), then a question one of them answers.
 
-Each source states one attribute of one person, ``Alice's favourite sport is tennis.``; the
-question asks for one of them, ``What is Alice's favourite sport?``, and the answer (one to three
-words) is copied from the one source that states it, the gold source. The other sources are
-distractors that share words with the question:
+Each source states one attribute of one person, its value right after the person,
+``Alice: tennis (favourite sport).``; the question asks for one of them, ``What is Alice's
+favourite sport?``, and the answer (one to three words) is copied from the one source that
+states it, the gold source. The other sources are distractors that share words with the question:
 
-* the same person with another attribute (``Alice's favourite food is sushi.``),
-* the same attribute of another person (``Bob's favourite sport is golf.``),
-* another person and another attribute (``Carol's home city is Lima.``).
+* the same person with another attribute (``Alice: sushi (favourite food).``),
+* the same attribute of another person (``Bob: golf (favourite sport).``),
+* another person and another attribute (``Carol: Lima (home city).``).
+
+The value follows its person because that is what a small model learns to look up on a CPU: with
+``Alice's favourite sport is tennis.`` (the person five words before the value) no training run
+of docs/retrieval-model.md bound values to their persons.
 
 Within a prompt no two sources state the same attribute of the same person, and no two state
 the same value of an attribute, so only the gold source answers the question and only it holds
@@ -20,6 +24,7 @@ the answer's words: which source the answer came from is known. The prompt is a
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -99,7 +104,7 @@ ATTRIBUTES: dict[str, tuple[str, ...]] = {
 }
 
 QUESTION = "What is {name}'s {attribute}?"
-SOURCE = "{name}'s {attribute} is {value}."
+SOURCE = "{name}: {value} ({attribute})."
 # The template's own text: the sources one a line, then the question and the cue the answer follows.
 TEMPLATE_TAIL = "Question: {question}\nAnswer:"
 SPECIAL_TOKENS = ("<pad>", "<unk>", "<s>", "</s>")
@@ -110,7 +115,7 @@ class RetrievalExample:
     """One retrieval prompt: the sources, the question, its answer and the source that holds it.
 
     Attributes:
-        sources: the facts, one string each (``"Alice's favourite sport is tennis."``).
+        sources: the facts, one string each (``"Alice: tennis (favourite sport)."``).
         question: ``"What is Alice's favourite sport?"``.
         answer: the value the gold source states, one to three words (``"tennis"``).
         gold: the index in ``sources`` of the one source that answers the question.
@@ -122,11 +127,11 @@ class RetrievalExample:
 
     Example::
 
-        >>> example = RetrievalExample(("Bob's home city is Lima.", "Alice's home city is Oslo."),
+        >>> example = RetrievalExample(("Bob: Lima (home city).", "Alice: Oslo (home city)."),
         ...                            "What is Alice's home city?", "Oslo", 1)
         >>> print(example.text)
-        Bob's home city is Lima.
-        Alice's home city is Oslo.
+        Bob: Lima (home city).
+        Alice: Oslo (home city).
         Question: What is Alice's home city?
         Answer:
         >>> example.prompt.values == list(example.sources)
@@ -184,10 +189,10 @@ def retrieval_examples(count: int, sources: int | tuple[int, int] = (4, MAX_SOUR
 
         >>> example = retrieval_examples(1, sources=4, seed=3)[0]
         >>> print(example.text)
-        Felix's favourite instrument is synthesizer.
-        Quinn's favourite colour is orange.
-        Quinn's home city is Warsaw.
-        Quinn's favourite instrument is mandolin.
+        Felix: synthesizer (favourite instrument).
+        Quinn: orange (favourite colour).
+        Quinn: Warsaw (home city).
+        Quinn: mandolin (favourite instrument).
         Question: What is Quinn's favourite instrument?
         Answer:
         >>> example.answer, example.gold
@@ -258,11 +263,11 @@ def ask(example: RetrievalExample, index: int) -> RetrievalExample:
 
     Raises:
         ValueError: ``index`` outside the sources, or a source not of the generator's form
-            ``<name>'s <two-word attribute> is <value>.``.
+            ``<name>: <value> (<attribute>).``.
 
     Example::
 
-        >>> example = RetrievalExample(("Bob's home city is Lima.", "Alice's favourite sport is water polo."),
+        >>> example = RetrievalExample(("Bob: Lima (home city).", "Alice: water polo (favourite sport)."),
         ...                            "What is Bob's home city?", "Lima", 0)
         >>> asked = ask(example, 1)
         >>> asked.question, asked.answer, asked.gold
@@ -271,11 +276,10 @@ def ask(example: RetrievalExample, index: int) -> RetrievalExample:
     if not 0 <= index < len(example.sources):
         raise ValueError(f"index {index} is outside the example's {len(example.sources)} sources.")
     source = example.sources[index]
-    name, _, rest = source.partition("'s ")
-    words = rest.split(" ")
-    attribute, value = " ".join(words[:2]), " ".join(words[3:])[:-1]
-    if attribute not in ATTRIBUTES or value not in ATTRIBUTES[attribute] or source != SOURCE.format(name=name, attribute=attribute, value=value):
-        raise ValueError(f"source {source!r} is not of the form \"<name>'s <attribute> is <value>.\" that ask reads.")
+    parsed = re.fullmatch(r"(\w+): (.+) \((.+)\)\.", source)
+    name, value, attribute = parsed.groups() if parsed else (None, None, None)
+    if attribute not in ATTRIBUTES or value not in ATTRIBUTES[attribute]:
+        raise ValueError(f"source {source!r} is not of the form \"<name>: <value> (<attribute>).\" that ask reads.")
     return RetrievalExample(example.sources, QUESTION.format(name=name, attribute=attribute), value, index)
 
 
@@ -288,7 +292,7 @@ def vocabulary() -> list[str]:
         >>> words[:4], "tennis" in words, len(words) == len(set(words))
         (['Question', 'Answer', 'What', 'is'], True, True)
     """
-    words = ["Question", "Answer", "What", "is", "'s", "?", ":", "."]
+    words = ["Question", "Answer", "What", "is", "'s", "?", ":", ".", "(", ")"]
     words += [word for attribute in ATTRIBUTES for word in attribute.split()]
     words += NAMES
     words += [word for values in ATTRIBUTES.values() for value in values for word in value.split()]
@@ -311,11 +315,11 @@ def build_retrieval_tokenizer() -> PreTrainedTokenizerFast:
     Example::
 
         >>> tokenizer = build_retrieval_tokenizer()
-        >>> encoded = tokenizer("Alice's home city is New York.", return_offsets_mapping=True)
+        >>> encoded = tokenizer("Alice: New York (home city).", return_offsets_mapping=True)
         >>> tokenizer.convert_ids_to_tokens(encoded["input_ids"])
-        ['<s>', 'Alice', "'s", 'home', 'city', 'is', 'New', 'York', '.']
+        ['<s>', 'Alice', ':', 'New', 'York', '(', 'home', 'city', ')', '.']
         >>> encoded["offset_mapping"][:3]
-        [(0, 0), (0, 5), (5, 7)]
+        [(0, 0), (0, 5), (5, 6)]
     """
     vocab = {token: i for i, token in enumerate([*SPECIAL_TOKENS, *vocabulary()])}
     backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))

@@ -27,7 +27,7 @@ from captum_attnflow.models.bundled import load_checkpoint
 
 ASSET_DIR = Path(__file__).resolve().parent.parent / "assets" / "retrieval"
 MAX_POSITIONS = 512  # 64 sources of at most 10 tokens (7 but for a few values of two or three words) and the question
-WINDOW = 8  # tokens the first layer reads: a fact (7 tokens, 9 with a three-word value) and no other fact's person
+WINDOW = 8  # tokens the first layer reads: a value's own person (just before it) and no other fact's person (10 or more back)
 
 
 def retrieval_config(tokenizer: PreTrainedTokenizerFast, **overrides: object) -> Qwen3Config:
@@ -36,11 +36,12 @@ def retrieval_config(tokenizer: PreTrainedTokenizerFast, **overrides: object) ->
     others to the whole prompt.
 
     The window is what makes the lookup learnable on a CPU: a fact's value can only read its own
-    fact in the first layer (its person 5 tokens back, the previous fact's person 12), so the
-    person is bound to the value from the first steps, and the later layers learn to match the
-    question's person and attribute against those bindings. With full attention in every layer
-    the same training stays at the accuracy of guessing among the facts of the asked attribute
-    (measured: 50 % on two facts after 1500 steps, against 91 % with the window after 1200).
+    person in the first layer (the token before it; the previous fact's person is 10 or more
+    tokens back), so the person is bound to the value from the first steps, and the later layers
+    learn to match the question's person and attribute (which the value's own word names)
+    against those bindings. With full attention in every layer the same training stays at the
+    accuracy of guessing among the facts of the asked attribute (measured: 50 % on two facts
+    after 1500 steps, against 91 % with the window after 1200).
     ``num_hidden_layers`` in ``overrides`` keeps the first layer windowed and the rest full.
 
     Args:
@@ -133,7 +134,7 @@ def answer_ids(example: RetrievalExample, tokenizer: PreTrainedTokenizerFast) ->
 
         >>> from captum_attnflow.data import build_retrieval_tokenizer
         >>> tokenizer = build_retrieval_tokenizer()
-        >>> example = RetrievalExample(("Bob's home city is New York.",), "What is Bob's home city?", "New York", 0)
+        >>> example = RetrievalExample(("Bob: New York (home city).",), "What is Bob's home city?", "New York", 0)
         >>> tokenizer.convert_ids_to_tokens(answer_ids(example, tokenizer))
         ['New', 'York', '</s>']
     """
