@@ -3,8 +3,8 @@ of the same prompt and the peers' calls.
 
 Two settings (``--setting``):
 
-* ``bundled``: the bundled context task's model and prompt (the agreement language model on a
-  held-out sentence, each word a source, its verb explained; no retrieval model is bundled yet).
+* ``bundled``: the bundled context task's model and prompt (the retrieval language model on a
+  held-out prompt of 32 facts, each fact a source, its answer explained).
   Targets: raw attention and rollout within 2x one forward's time;
   gradient-weighted rollout and AttnLRP no slower than Captum's ``LLMGradientAttribution`` on the
   same prompt and answer; leave-one-out (F + 1 forwards) and ContextCite (64 ablations, where its
@@ -14,7 +14,8 @@ Two settings (``--setting``):
   forward's peak memory and 2x its time.
 
 Each cell runs in a fresh process (``ru_maxrss`` is that call's own peak), after a warm-up call on
-a short prompt; ratios are to the forward of the same run::
+a short prompt, and times the median of ``--repeats`` calls (5; a call on the bundled model takes
+milliseconds); ratios are to the forward of the same run::
 
     python benchmarks/context.py --setting bundled
     python benchmarks/context.py --setting long --paths forward raw rollout
@@ -27,6 +28,7 @@ import json
 import os
 import platform
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -92,27 +94,30 @@ def call(path: str, model, tokenizer, prompt, answer):
     available_peers()[path](model, tokenizer, prompt, answer, 0)
 
 
-def cell(name: str, path: str) -> dict:
-    """Run one path in this process: warm-up on a short prompt, then one timed call."""
+def cell(name: str, path: str, repeats: int) -> dict:
+    """Run one path in this process: warm-up on a short prompt, then ``repeats`` timed calls (their median)."""
     import torch
 
     torch.set_num_threads(int(os.environ.get("CONTEXT_THREADS", "2")))
     call(path, *setting(name, short=True))
     model, tokenizer, prompt, answer = setting(name)
-    start = time.perf_counter()
-    call(path, model, tokenizer, prompt, answer)
-    seconds = time.perf_counter() - start
-    return {"seconds": seconds, "peak_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call(path, model, tokenizer, prompt, answer)
+        times.append(time.perf_counter() - start)
+    return {"seconds": statistics.median(times), "peak_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--setting", choices=("bundled", "long"), default="bundled")
     parser.add_argument("--paths", nargs="+", choices=PATHS, default=None)
+    parser.add_argument("--repeats", type=int, default=5, help="timed calls per cell, their median printed (default 5)")
     parser.add_argument("--cell", nargs=2, metavar=("SETTING", "PATH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.cell:
-        print(json.dumps(cell(*args.cell)))
+        print(json.dumps(cell(*args.cell, args.repeats)))
         return
     import importlib.util
 
@@ -123,7 +128,7 @@ def main() -> None:
           f"setting {args.setting}")
     results = {}
     for path in paths:
-        out = subprocess.run([sys.executable, __file__, "--cell", args.setting, path], capture_output=True, text=True)
+        out = subprocess.run([sys.executable, __file__, "--cell", args.setting, path, "--repeats", str(args.repeats)], capture_output=True, text=True)
         if out.returncode:
             print(f"{path}: failed\n{out.stderr[-2000:]}")
             continue

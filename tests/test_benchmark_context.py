@@ -122,3 +122,14 @@ def test_the_users_context_rows_run_through_run_benchmark(lm):
     with pytest.raises(ValueError, match="no column 'answer'"):
         run_benchmark(model=model, tokenizer=tokenizer, dataset=rows.remove_columns("answer"),
                       columns=Columns(context="context"), methods=["random"], show_progress=False)
+
+
+def test_the_bundled_task_asks_the_retrieval_model_about_32_facts():
+    from captum_attnflow.benchmark.context import BUNDLED_SOURCES, load_context_task
+
+    model, tokenizer, examples = load_context_task(3, seed=2)
+    assert type(model).__name__ == "Qwen3ForCausalLM" and BUNDLED_SOURCES == 32
+    for example in examples:
+        assert example.prompt.n_itp_features == 32
+        assert f": {example.answer} (" in example.prompt.values[example.gold]
+        assert sum(f": {example.answer} (" in source for source in example.prompt.values) == 1

@@ -29,6 +29,7 @@ _EXPORTS = {
     "extract_attentions": "captum_attnflow.capture",
     "load_agreement_lm": "captum_attnflow.models",
     "load_agreement_model": "captum_attnflow.models",
+    "load_retrieval_model": "captum_attnflow.models",
     "split_sources": "captum_attnflow.data",
 }
 

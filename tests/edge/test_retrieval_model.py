@@ -79,3 +79,14 @@ def test_training_command_writes_a_loadable_checkpoint(tmp_path, capsys):
 def test_loading_from_a_directory_without_a_model_names_the_fix(tmp_path):
     with pytest.raises(FileNotFoundError, match="train_retrieval --out DIR"):
         load_retrieval_model(tmp_path)
+
+
+def test_the_bundled_model_answers_held_out_prompts_as_its_eval_results_say():
+    from captum_attnflow.models.retrieval import ASSET_DIR, answer_accuracy
+
+    results = json.loads((ASSET_DIR / "eval_results.json").read_text())
+    assert results["n"] >= 1000 and results["accuracy"] >= 0.95
+    assert all(results["by_sources"][str(count)]["accuracy"] >= 0.9 for count in (4, 8, 16, 32, 64))
+    model, tokenizer = load_retrieval_model()
+    assert model.config.layer_types[0] == "sliding_attention" and (ASSET_DIR / "model.safetensors").stat().st_size < 20e6
+    assert answer_accuracy(model, tokenizer, retrieval_examples(48, sources=(4, 64), seed=77))["accuracy"] >= 0.9

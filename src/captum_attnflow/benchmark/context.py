@@ -9,8 +9,9 @@ attention methods through :class:`~captum_attnflow.LLMAttentionAttribution` (a s
 the sum of its tokens'), Captum's leave-one-out, AttnTrace, ContextCite where its package is
 installed, and the random floor (:mod:`captum_attnflow.benchmark.context_methods`).
 
-The bundled task runs the agreement language model on held-out sentences, each word a source and
-the subject the gold source of the verb's number (:func:`load_context_task`);
+The bundled task runs the bundled retrieval language model on held-out prompts of 32 facts and a
+question, each fact a source and the one fact that states the answer the gold source
+(:func:`load_context_task`);
 :func:`context_examples` turns rows of the user's own file (context, question, answer, optional
 gold) into examples of the same form.
 """
@@ -38,6 +39,8 @@ CONTEXT = "context"
 # Random ablations per example of LDS, shared by every row.
 ABLATIONS = 32
 FLOOR = "random"
+# Facts a prompt of the bundled task holds (the retrieval model was trained on 4 to 64).
+BUNDLED_SOURCES = 32
 # The rows that are not this package's methods (available_peers: ContextCite's where installed).
 CONTEXT_PEERS = ("leave-one-out", "attntrace", "contextcite-64", "contextcite-256")
 
@@ -77,7 +80,9 @@ def context_rows(names: Sequence[str] | None) -> dict[str, Callable[..., Tensor]
 def _through_wrapper(name: str) -> Callable[..., Tensor]:
     def scores(model: nn.Module, tokenizer: Any, prompt: TextTemplateInput, response: str, seed: int) -> Tensor:
         wrapper = LLMAttentionAttribution(METHODS[name].build(model, tokenizer), tokenizer)
-        return torch.as_tensor(wrapper.attribute(prompt, target=response).seq_attr).detach().float().cpu()
+        # The task's own bar counts the examples; a method's bar per call would only flicker.
+        result = wrapper.attribute(prompt, target=response, show_progress=False)
+        return torch.as_tensor(result.seq_attr).detach().float().cpu()
 
     return scores
 
@@ -127,21 +132,17 @@ def run_context_task(
 
 
 def load_context_task(examples: int, seed: int, **placement: Any) -> tuple[nn.Module, Any, list[ContextExample]]:
-    """The bundled task: the agreement language model (where ``placement`` says) on ``examples``
-    held-out sentences with at least one attractor, each word a source, the correct copula
-    (``is``/``are``) explained, its gold source the subject: the one word whose number decides it,
-    beside attractors of the other number that share the sentence."""
-    from captum_attnflow.data import generate_examples
-    from captum_attnflow.models import load_agreement_lm
-    from captum_attnflow.models.language_model import COPULAS
+    """The bundled task: the retrieval language model (:func:`~captum_attnflow.load_retrieval_model`,
+    where ``placement`` says) on ``examples`` prompts of :data:`BUNDLED_SOURCES` facts
+    (:func:`~captum_attnflow.data.retrieval_examples`, drawn with ``seed``), each fact a source,
+    the answer it was trained to copy explained, its gold source the one fact that states it,
+    among distractors that share the question's person or attribute."""
+    from captum_attnflow.data.retrieval import retrieval_examples
+    from captum_attnflow.models.retrieval import load_retrieval_model
 
-    model, tokenizer = load_agreement_lm(**placement)
-    drawn = [e for e in generate_examples(4 * examples, seed=seed, split="test") if e.num_attractors][:examples]
-    return model, tokenizer, [
-        ContextExample(TextTemplateInput(" ".join(["{}"] * len(e.words)), values=list(e.words)), " " + COPULAS[e.label],
-                       e.subject_index)
-        for e in drawn
-    ]
+    model, tokenizer = load_retrieval_model(**placement)
+    drawn = retrieval_examples(examples, sources=BUNDLED_SOURCES, seed=seed)
+    return model, tokenizer, [ContextExample(example.prompt, example.answer, example.gold) for example in drawn]
 
 
 def context_examples(

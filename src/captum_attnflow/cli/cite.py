@@ -15,7 +15,7 @@ from captum_attnflow.cli import _options as options
 HELP = "which source of a context did a language model's answer come from"
 DESCRIPTION = (
     "Split the context of FILE into sources (sentences, paragraphs or lines), ask the QUESTION after it, let the "
-    "bundled agreement language model or a Hugging Face causal LM (a directory, or a name in the local cache) answer "
+    "bundled retrieval language model or a Hugging Face causal LM (a directory, or a name in the local cache) answer "
     "greedily, and print the sources ranked by how much the answer drew on each: the sum of its tokens' scores."
 )
 # How much of each source the ranked list prints.
@@ -33,7 +33,7 @@ def add_arguments(cite: argparse.ArgumentParser) -> None:
     cite.add_argument("--answer", help="explain this answer instead of generating one")
     cite.add_argument("--max-new-tokens", type=common.positive, default=16, help="longest answer (default: 16)")
     cite.add_argument("--top", type=common.positive, default=None, metavar="K", help="print the K best sources only")
-    options.add_model(cite, "a Hugging Face causal LM instead of the bundled agreement language model")
+    options.add_model(cite, "a Hugging Face causal LM instead of the bundled retrieval language model")
     options.add_placement(cite)
     options.add_html(cite, "also write a self-contained HTML view, the sources shaded by their scores")
 
@@ -56,15 +56,17 @@ def run(args: argparse.Namespace) -> int:
 
 def _prompt(args: argparse.Namespace, context: str) -> tuple[Any, Any, Any]:
     """The model, its tokenizer and the question's ``TextTemplateInput``
-    (:func:`~captum_attnflow.context_prompt`); the bundled agreement language model reads the
-    context and the question as one sentence to continue."""
+    (:func:`~captum_attnflow.context_prompt`); the bundled retrieval language model reads the
+    context and the question as it was trained to (``Question: ...`` and ``Answer:`` after the
+    facts; its word-level tokenizer makes no token of whitespace)."""
+    from captum_attnflow.data.retrieval import TEMPLATE_TAIL
     from captum_attnflow.data.sources import context_prompt
 
     if args.model is None:
-        from captum_attnflow.models import load_agreement_lm
+        from captum_attnflow.models.retrieval import load_retrieval_model
 
-        model, tokenizer = load_agreement_lm(**common.placement(args))
-        return model, tokenizer, context_prompt(context, args.question, by=args.by or "sentence", template="{context} {question}")
+        model, tokenizer = load_retrieval_model(**common.placement(args))
+        return model, tokenizer, context_prompt(context, args.question, by=args.by or "sentence", template="{context}\n" + TEMPLATE_TAIL)
     from captum_attnflow.cli.generate import _load_language_model
 
     model, tokenizer = _load_language_model(args.model, common.placement(args))

@@ -31,7 +31,7 @@ WINDOW = 8  # tokens the first layer reads: a value's own person (just before it
 
 
 def retrieval_config(tokenizer: PreTrainedTokenizerFast, **overrides: object) -> Qwen3Config:
-    """The bundled model's sizes: 3 layers, 4 query heads sharing 2 key/value heads of 32, hidden
+    """The bundled model's sizes: 2 layers, 4 query heads sharing 2 key/value heads of 32, hidden
     size 128; the first layer attends to a sliding window of its last :data:`WINDOW` tokens, the
     others to the whole prompt.
 
@@ -54,11 +54,11 @@ def retrieval_config(tokenizer: PreTrainedTokenizerFast, **overrides: object) ->
         >>> from captum_attnflow.data import build_retrieval_tokenizer
         >>> config = retrieval_config(build_retrieval_tokenizer())
         >>> config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads, config.hidden_size
-        (3, 4, 2, 128)
+        (2, 4, 2, 128)
         >>> config.layer_types, config.sliding_window
-        (['sliding_attention', 'full_attention', 'full_attention'], 8)
+        (['sliding_attention', 'full_attention'], 8)
     """
-    layers = int(overrides.pop("num_hidden_layers", 3))
+    layers = int(overrides.pop("num_hidden_layers", 2))
     settings: dict = dict(
         vocab_size=len(tokenizer),
         hidden_size=128,

@@ -16,7 +16,7 @@ the next-token cross-entropy on the answers and ``</s>`` only: nothing else in a
 predicted.
 
 Options: ``--steps`` (4000), ``--batch-size`` (4096 tokens), ``--lr`` (2e-3), ``--warmup``
-(100), ``--start-sources`` (8), ``--ramp`` (0.5), ``--questions`` (16), ``--layers`` (3),
+(100), ``--start-sources`` (8), ``--ramp`` (0.5), ``--questions`` (16), ``--layers`` (2),
 ``--eval-examples`` (1000), ``--count-examples`` (400), ``--log-every`` (100), ``--check-every`` (500), ``--seed`` (0),
 ``--eval-seed`` (1), ``--threads`` (2).
 """
@@ -218,7 +218,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--ramp", type=float, default=0.5,
                         help="fraction of the steps over which the largest number of sources grows to 64 (default 0.5)")
     parser.add_argument("--questions", type=int, default=16, help="questions asked of each training prompt (default 16)")
-    parser.add_argument("--layers", type=int, default=3, help="decoder layers (default 3)")
+    parser.add_argument("--layers", type=int, default=2, help="decoder layers, the first windowed (default 2)")
     parser.add_argument("--eval-examples", type=int, default=1000, help="held-out prompts of 4 to 64 sources (default 1000)")
     parser.add_argument("--count-examples", type=int, default=400,
                         help="held-out prompts at each of 4, 8, 16, 32 and 64 sources (default 400)")
