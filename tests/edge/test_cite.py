@@ -55,3 +55,12 @@ def test_cite_errors_are_clear(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["cite", "--context", str(tmp_path / "missing.txt")])
     assert exit_info.value.code == 2
+
+
+def test_cite_names_the_words_the_bundled_model_does_not_know(tmp_path, capsys):
+    context = tmp_path / "report.txt"
+    context.write_text("Alice: Paris (home city). The weather was sunny.", encoding="utf-8")
+    assert main(["cite", "--context", str(context), "--question", "What is Alice's home city?"]) == 0
+    captured = capsys.readouterr()
+    assert "does not know 4 word(s)" in captured.err and "(The, weather, was, sunny)" in captured.err
+    assert "answer: Paris\n" in captured.out  # the end-of-sequence token it wrote is not printed

@@ -5,6 +5,7 @@ answer came from, the sources ranked by an attention method's score (see
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,8 @@ def run(args: argparse.Namespace) -> int:
     model, tokenizer, prompt = _prompt(args, context)
     explainer = LLMAttentionAttribution(METHODS[args.method].build(model, tokenizer), tokenizer)
     result = explainer.attribute(prompt, target=args.answer, max_new_tokens=args.max_new_tokens)
-    print(f"answer: {tokenizer.convert_tokens_to_string(result.output_tokens).strip()}")
+    said = [token for token in result.output_tokens if token not in tokenizer.all_special_tokens]
+    print(f"answer: {tokenizer.convert_tokens_to_string(said).strip()}")
     print(_ranked(result.input_tokens, result.seq_attr.tolist(), args.top))
     common.write_html(result, args.html)
     return 0
@@ -66,11 +68,27 @@ def _prompt(args: argparse.Namespace, context: str) -> tuple[Any, Any, Any]:
         from captum_attnflow.models.retrieval import load_retrieval_model
 
         model, tokenizer = load_retrieval_model(**common.placement(args))
-        return model, tokenizer, context_prompt(context, args.question, by=args.by or "sentence", template="{context}\n" + TEMPLATE_TAIL)
+        prompt = context_prompt(context, args.question, by=args.by or "sentence", template="{context}\n" + TEMPLATE_TAIL)
+        _warn_unknown_words(tokenizer, prompt.to_model_input())
+        return model, tokenizer, prompt
     from captum_attnflow.cli.generate import _load_language_model
 
     model, tokenizer = _load_language_model(args.model, common.placement(args))
     return model, tokenizer, context_prompt(context, args.question, by=args.by or "sentence")
+
+
+def _warn_unknown_words(tokenizer: Any, text: str) -> None:
+    """Say on stderr which words of ``text`` the bundled model's word-level tokenizer reads as ``<unk>``."""
+    encoded = tokenizer(text, return_offsets_mapping=True)
+    unknown = list(dict.fromkeys(
+        text[start:end] for token, (start, end) in zip(encoded["input_ids"], encoded["offset_mapping"])
+        if token == tokenizer.unk_token_id
+    ))
+    if unknown:
+        shown = ", ".join(unknown[:5]) + (", ..." if len(unknown) > 5 else "")
+        print(f"note: the bundled retrieval model does not know {len(unknown)} word(s) of the context and question "
+              f"({shown}) and reads each as <unk>; it knows facts written 'Name: value (attribute).' (see "
+              "captum_attnflow.data.retrieval_examples). Give --model for other text.", file=sys.stderr)
 
 
 def _ranked(sources: list[str], scores: list[float], top: int | None) -> str:
