@@ -13,23 +13,22 @@ if not torch.cuda.is_available():
     # then; torch imports it with torch._dynamo, so before anything else is imported here).
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-# pytest-xdist runs a worker process per core, and torch's default is a thread per core in each:
-# on 2 cores, 2 workers would run 4 compute threads that wait on each other. One share of the
-# cores per worker, for torch here and for the notebooks' kernels (they inherit OMP_NUM_THREADS).
-_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-if _WORKERS > 1:
-    _THREADS = str(max(1, len(os.sched_getaffinity(0)) // _WORKERS))
-    os.environ["OMP_NUM_THREADS"] = _THREADS
-    torch.set_num_threads(int(_THREADS))
-
-from helpers import CONFIGS, make_tiny_model  # noqa: E402
+# The tiny families of helpers.CONFIGS that every ``arch`` test runs on, named rather than imported:
+# pytest-xdist's controller loads this file too, and importing helpers (transformers' models and
+# the package) would keep it, and the test command, busy for about 9 s before a worker starts.
+ARCHS = ("bert", "distilbert", "gpt2", "llama", "roberta")
 
 
-@pytest.fixture(params=sorted(CONFIGS))
+@pytest.fixture(params=ARCHS)
 def arch(request) -> str:
+    from helpers import CONFIGS
+
+    assert set(CONFIGS) == set(ARCHS), "name every tiny family of helpers.CONFIGS in ARCHS"
     return request.param
 
 
 @pytest.fixture
 def tiny_model_factory():
+    from helpers import make_tiny_model
+
     return make_tiny_model

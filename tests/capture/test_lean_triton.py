@@ -261,8 +261,20 @@ def _product_reference(scores, vectors, real_keys=None, gradient=None):
     return vectors @ fused, sums
 
 
-@pytest.mark.parametrize("chunked", [False, True], ids=["one chunk", "chunks of 16 rows"])
-def test_row_products_equal_the_product_with_the_map(monkeypatch, chunked):
+# Under the interpreter a mask form costs about 2 s: the test command runs the causal flag and the
+# richest boolean and additive masks, the others when slow; the chunks' summing is the same for
+# every form, so it runs on the richest one.
+_PRODUCT_FORMS = [
+    pytest.param(index, chunked, id=f"{name}{', chunks of 16 rows' if chunked else ''}",
+                 marks=() if name in ("causal", "bool per query", "additive minimum, a row masked whole") else pytest.mark.slow)
+    for index, (name, _, _) in enumerate(_masks(torch.ones(1, 8, dtype=torch.bool)))
+    for chunked in (False, True)
+    if not chunked or name == "additive minimum, a row masked whole"
+]
+
+
+@pytest.mark.parametrize("form, chunked", _PRODUCT_FORMS)
+def test_row_products_equal_the_product_with_the_map(monkeypatch, form, chunked):
     """u W without W written: every mask form, tiles smaller than the map, rows in chunks whose
     partial products are summed, and the head-mean probability on the real keys."""
     monkeypatch.setattr(lean_triton, "_TILE", (16, 32))
@@ -271,9 +283,7 @@ def test_row_products_equal_the_product_with_the_map(monkeypatch, chunked):
         monkeypatch.setattr(lean_triton, "_PROGRAMS_PER_SM", 8)
     query, key, allowed = _inputs()
     vectors = torch.rand(2, 3, 37, generator=torch.Generator().manual_seed(2))
-    forms = list(_masks(allowed))
-    # the chunks' summing is the same for every mask form: one (the last, the richest) under the interpreter's cost
-    for name, mask, causal in forms[-1:] if chunked else forms:
+    for name, mask, causal in _masks(allowed)[form : form + 1]:
         scores = AttentionScores(query, key, mask, 0.3, causal)
         product = lean_triton.row_product(query.to(DEVICE), key.to(DEVICE), None if mask is None else mask.to(DEVICE),
                                           0.3, causal, 37, real_keys=allowed.to(DEVICE))
