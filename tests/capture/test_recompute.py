@@ -18,7 +18,8 @@ from captum_attnflow import AttnLRP, GradientWeightedRollout
 from captum_attnflow.attr.llm import LLMAttentionAttribution
 from captum_attnflow.capture import recompute
 from captum_attnflow.capture.attention_gradients import attention_gradients_run
-from captum_attnflow.capture.recompute import ACTIVATION_WIDTHS, layerwise_recomputation, recomputes
+from captum_attnflow.capture import recompute
+from captum_attnflow.capture.recompute import ACTIVATION_WIDTHS, RECOMPUTE_FLOOR_BYTES, layerwise_recomputation, recomputes
 
 TINY = dict(vocab_size=60, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
             num_hidden_layers=3, max_position_embeddings=64, initializer_range=0.2, pad_token_id=0)
@@ -202,7 +203,17 @@ def test_calls_from_several_threads_run_one_at_a_time():
     assert not any("forward" in vars(module) for module in model.modules())
 
 
+def test_off_by_default_where_the_activations_are_small_whatever_the_weights():
+    model = _decoder("llama")  # width 32, float64: a block's weights are outweighed from a few hundred tokens
+    assert not recomputes(None, model, torch.zeros(1, 4096, dtype=torch.long), "AttnLRP")
+    floor = RECOMPUTE_FLOOR_BYTES // (32 * ACTIVATION_WIDTHS * 8)
+    assert not recomputes(None, model, torch.zeros(1, floor - 1, dtype=torch.long), "AttnLRP")
+    assert recomputes(None, model, torch.zeros(1, floor, dtype=torch.long), "AttnLRP")
+    assert not recomputes(None, model.float(), torch.zeros(1, floor, dtype=torch.long), "AttnLRP")  # 4 bytes a number
+
+
 def test_on_by_default_where_the_activations_outweigh_a_block(monkeypatch):
+    monkeypatch.setattr(recompute, "RECOMPUTE_FLOOR_BYTES", 0)  # the tiny model's activations are small
     model = _decoder("llama")
     weights = sum(p.numel() for p in model.model.layers[0].parameters())
     tokens = -(-weights // (32 * ACTIVATION_WIDTHS))  # the first B n with B n D w >= the block's weights

@@ -35,6 +35,10 @@ from captum_attnflow.hf.models import main_model
 # 15.6, gradient-weighted rollout and Captum's gradients 19.5, measured at Llama geometry (hidden
 # 1024, intermediate 2816, float32: benchmarks/depth.py).
 ACTIVATION_WIDTHS = 16
+# Nor below this many bytes of a block's activations: there the memory saved is small in absolute
+# terms and the recomputation still costs a forward pass (a 2-layer model of width 128 holds 2 MB
+# a block at 260 tokens, and recomputing made its AttnLRP call 1.8x Captum's gradient call).
+RECOMPUTE_FLOOR_BYTES = 32 * 2**20
 
 _RECOMPUTING: contextvars.ContextVar[bool] = contextvars.ContextVar("captum_attnflow_recomputing", default=False)
 
@@ -87,15 +91,17 @@ def layerwise_recomputation(blocks: list[nn.Module]) -> Iterator[None]:
 def recomputes(recompute: bool | None, forward_func: Any, inputs: Tensor, method: str) -> bool:
     """Whether a call of ``method`` on ``inputs`` recomputes its blocks: ``recompute`` if given
     (True checked: the model's blocks must be known); for None, on token ids (B, n) whose
-    activations outweigh a block's weights,
+    activations outweigh a block's weights and take at least :data:`RECOMPUTE_FLOOR_BYTES`,
 
     .. math::
-        B\\, n\\, D\\, w \\ge P_{block},
+        B\\, n\\, D\\, w \\ge P_{block}, \\qquad B\\, n\\, D\\, w\\, s \\ge 32\\ \\mathrm{MiB},
 
-    D the hidden size, w = :data:`ACTIVATION_WIDTHS` and :math:`P_{block}` the parameters of one
-    block: from 689 tokens at the geometry of ``benchmarks/depth.py``, 1 857 at Llama-3.2-1B's,
-    3 329 at Llama-3.1-8B's, 577 at GPT-2-small's. Below that the weights dominate a backward
-    pass's memory and recomputation costs time (a forward pass per backward pass) for little.
+    D the hidden size, w = :data:`ACTIVATION_WIDTHS`, :math:`P_{block}` the parameters of one
+    block and s the bytes of a number of the model's dtype: from 689 tokens at the geometry of
+    ``benchmarks/depth.py``, 1 857 at Llama-3.2-1B's, 3 329 at Llama-3.1-8B's, 683 at
+    GPT-2-small's in float32. Below that the weights dominate a backward pass's memory, or the
+    activations are small anyway, and recomputation costs time (a forward pass per backward
+    pass) for little.
 
     Raises:
         ValueError: ``recompute=True`` on a model whose transformer blocks the architecture table does not list.
@@ -112,10 +118,13 @@ def recomputes(recompute: bool | None, forward_func: Any, inputs: Tensor, method
         return True
     if not blocks or inputs.dim() != 2 or inputs.dtype.is_floating_point:
         return False
-    config = main_model(forward_func).config.get_text_config()
-    hidden = getattr(config, "hidden_size", None)
+    model = main_model(forward_func)
+    hidden = getattr(model.config.get_text_config(), "hidden_size", None)
+    if hidden is None:
+        return False
     weights = sum(p.numel() for p in blocks[0].parameters())
-    return hidden is not None and inputs.numel() * hidden * ACTIVATION_WIDTHS >= weights
+    activations = inputs.numel() * hidden * ACTIVATION_WIDTHS
+    return activations >= weights and activations * model.dtype.itemsize >= RECOMPUTE_FLOOR_BYTES
 
 
 def recomputed_blocks(forward_func: Any) -> list[nn.Module]:
