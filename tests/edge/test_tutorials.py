@@ -1,6 +1,8 @@
-"""The tutorials are committed as valid notebooks without outputs (``pytest --nbmake`` executes them).
+"""The tutorials run top to bottom, and are committed as valid notebooks without outputs.
 
 Outputs stay out of git: they would go stale against the code that made them and bloat diffs.
+This file is collected first (pyproject's ``testpaths``), so that its worker starts on the
+notebooks while the other workers take the many short files.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from notebooks import run_notebook
 
 TUTORIALS = Path(__file__).resolve().parents[2] / "tutorials"
 NOTEBOOKS = [
@@ -23,6 +26,27 @@ NOTEBOOKS = [
     "07_which_explanation_to_trust.ipynb",
     "08_which_document.ipynb",
 ]
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebook_runs_top_to_bottom(name):
+    failure = run_notebook(TUTORIALS / name)
+    assert failure is None, failure
+
+
+def test_a_failing_cell_ends_the_run_and_is_reported(tmp_path):
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [
+        nbformat.v4.new_code_cell("%matplotlib inline\nvalue = 41"),
+        nbformat.v4.new_markdown_cell("text"),
+        nbformat.v4.new_code_cell("print('before')\nassert value == 42, 'the answer'"),
+        nbformat.v4.new_code_cell("raise SystemExit('never reached')"),
+    ]
+    nbformat.write(notebook, tmp_path / "failing.ipynb")
+    failure = run_notebook(tmp_path / "failing.ipynb")
+    assert "failing.ipynb, cell 2:" in failure
+    assert "AssertionError: the answer" in failure and "before" in failure
+    assert "never reached" not in failure.split("Traceback")[1]
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
