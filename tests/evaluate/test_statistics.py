@@ -50,6 +50,21 @@ def test_paired_test_is_scipys_wilcoxon_on_the_pairs_both_define(alternative):
     assert ours.count == VALUES.size and ours.mean_difference == pytest.approx((VALUES - other).mean())
 
 
+@pytest.mark.parametrize("zero_method", ["wilcox", "pratt", "zsplit"])
+@pytest.mark.parametrize("alternative", ["two-sided", "greater", "less"])
+def test_small_samples_with_ties_or_zeros_get_scipys_exact_sign_flip_pvalue(alternative, zero_method):
+    generator = np.random.default_rng(0)
+    for n in (3, 6, 8, 14):  # 14: above the exact range, the normal approximation
+        # differences on a coarse grid: ties and zeros in most samples
+        a = generator.integers(0, 4, n) / 4
+        b = generator.integers(0, 4, n) / 4
+        if np.all(a == b):
+            continue
+        ours = paired_test(a, b, alternative=alternative, zero_method=zero_method)
+        expected = stats.wilcoxon(a, b, alternative=alternative, zero_method=zero_method)
+        assert (ours.statistic, ours.pvalue) == pytest.approx((expected.statistic, expected.pvalue), abs=1e-12), n
+
+
 def test_paired_test_without_any_difference_or_pair():
     assert paired_test(VALUES, VALUES.copy()) == (0.0, 1.0, VALUES.size, 0.0)
     empty = paired_test([np.nan, 1.0], [2.0, np.nan])
