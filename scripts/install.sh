@@ -6,3 +6,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python -m pip install --quiet "torch==2.13.0"
 python -m pip install --quiet -e ".[dev]"
+# Compile the numba CPU kernels into their on-disk cache once (about a minute): otherwise the first
+# call of flow or ALTI in every new process, each test worker and tutorial included, compiles them.
+python -m captum_attnflow.functional.precompile
