@@ -101,7 +101,7 @@ class BenchmarkResult:
         task), ``critical_difference.png`` (the diagram across the tasks, when there are at
         least 2 metrics and 3 methods) and ``report.html`` (the figures and the example
         explanations in one self-contained page)."""
-        from captum_attnflow.visualize.html import figure_html, page_html
+        from captum_attnflow.visualize.html import figure_png, page_html, png_html
 
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
@@ -113,18 +113,18 @@ class BenchmarkResult:
         blocks = []
         across = self._across()[0]
         if across is not None:
-            figure = across.plot(floor=FLOOR)
+            png = figure_png(across.plot(floor=FLOOR))  # drawn once, for the file and the page
             paths.append(directory / "critical_difference.png")
-            figure.savefig(paths[-1], dpi=100)
-            blocks.append("<h2>Across the tasks</h2>" + figure_html(figure, "average ranks across the tasks, best on the left"))
+            paths[-1].write_bytes(png)
+            blocks.append("<h2>Across the tasks</h2>" + png_html(png, "average ranks across the tasks, best on the left"))
         for task, count in self.examples.items():
             metrics = [metric for metric in self.leaderboard.metrics if metric.startswith(f"{task}: ")]
             if not metrics:
                 continue
-            figure = self.leaderboard.plot(kind="forest", metrics=metrics, floor=FLOOR, title=f"{task} ({count} examples)")
+            png = figure_png(self.leaderboard.plot(kind="forest", metrics=metrics, floor=FLOOR, title=f"{task} ({count} examples)"))
             paths.append(directory / f"leaderboard_{task}.png")
-            figure.savefig(paths[-1], dpi=100)
-            blocks.append(f"<h2>{task}</h2>" + figure_html(figure, f"{task}: methods by mean, best on top"))
+            paths[-1].write_bytes(png)
+            blocks.append(f"<h2>{task}</h2>" + png_html(png, f"{task}: methods by mean, best on top"))
             blocks += [example.to_html() for example in self.shown.get(task, [])]
         table = html.escape(self.to_markdown())
         paths.append(directory / "report.html")

@@ -134,11 +134,16 @@ def attribution_html(
     )
 
 
-def figure_html(figure: Any, caption: str = "", dpi: int = 100) -> str:
-    """A matplotlib figure as an inline base64 PNG ``<figure>`` (no file, no fetch)."""
+def figure_png(figure: Any, dpi: int = 100) -> bytes:
+    """A matplotlib figure drawn once as PNG bytes (to write to a file and embed in a page alike)."""
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=dpi)
-    data = base64.b64encode(buffer.getvalue()).decode()
+    return buffer.getvalue()
+
+
+def png_html(png: bytes, caption: str = "") -> str:
+    """PNG bytes as an inline base64 ``<figure>`` with ``caption`` (no file, no fetch)."""
+    data = base64.b64encode(png).decode()
     text = f"<figcaption>{html.escape(caption)}</figcaption>" if caption else ""
     return f'<figure style="margin:8px 0"><img alt="{html.escape(caption)}" style="max-width:100%" src="data:image/png;base64,{data}">{text}</figure>'
 
