@@ -1,7 +1,8 @@
 """Pure tensor functions: the maths of raw attention, attention rollout, attention flow, gradient-weighted
 rollout and the decompositions of the attention block (:mod:`~captum_attnflow.functional.decomposition`).
 
-No models, no Captum, no plotting: importing this package loads torch, numpy and numba only.
+No models, no Captum, no plotting: importing this package loads torch and numpy only; numba comes
+with the first call of a CPU kernel (:mod:`~captum_attnflow.functional.compiled`).
 """
 
 from captum_attnflow.functional.flow import flow

@@ -16,9 +16,9 @@ from typing import Iterable, Union
 
 import numpy as np
 import torch
-from numba import njit
 from torch import Tensor
 
+from captum_attnflow.functional.compiled import njit_on_first_call
 from captum_attnflow.functional.kernels import gpu_kernels
 
 # Row blocks of the (B, rows, n, D) transformed vectors hold about this many numbers.
@@ -373,7 +373,7 @@ def _compiled_distances(
 _ROWS_PER_TASK = 16
 
 
-@njit(cache=True, nogil=True, fastmath=True)
+@njit_on_first_call(cache=True, nogil=True, fastmath=True)
 def _distances_kernel(
     probabilities, projected, inputs, outputs, scale, projected_means, input_means, centred, row_offset, out,
     first_task, last_task,

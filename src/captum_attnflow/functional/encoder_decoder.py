@@ -37,7 +37,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import numba
 import numpy as np
 import torch
 from torch import Tensor
@@ -51,7 +50,6 @@ from captum_attnflow.functional.checks import (
     check_residual_alpha,
     layer_indices,
 )
-from captum_attnflow.functional._maxflow import max_flows
 from captum_attnflow.functional.flow import _PROGRESS_WORK
 from captum_attnflow.functional.mixing import add_residual, fuse_heads
 from captum_attnflow.functional.rollout import rollout
@@ -346,6 +344,10 @@ def encoder_decoder_flow(
     sizes = source_mask.sum(1) + target_mask.sum(1)
     work = len(positions) * sum(int(size) ** 3 for size in sizes) * sum(index + 1 for index in layers)
     show = work > _PROGRESS_WORK if show_progress is None else show_progress
+    import numba  # with the kernel, only where flow is computed
+
+    from captum_attnflow.functional._maxflow import max_flows
+
     bar = tqdm(total=batch * len(layers), desc="attention flow", unit="layer", disable=not show)
     for b in range(batch):
         keep_s = np.flatnonzero(source_mask[b])

@@ -20,20 +20,21 @@ fit in the memory available raises ValueError before it starts.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-import numba
 import numpy as np
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
 from captum_attnflow.docstrings import fill_docstring
-from captum_attnflow.functional._maxflow import GraphPacker, PackedGraph, max_flows
 from captum_attnflow.functional._memory import check_flow_fits
 from captum_attnflow.functional.checks import POSITION_DOC, Attentions, head_indices, layer_indices, positions, shape_result
 from captum_attnflow.functional.graph import AttentionGraph, as_graph
 from captum_attnflow.functional.rollout import HEAD_DOC
+
+if TYPE_CHECKING:
+    from captum_attnflow.functional._maxflow import PackedGraph
 
 # Below about this many edge visits (pairs x layers x n^2) a call takes well under a second,
 # and a progress bar would only flicker.
@@ -104,8 +105,13 @@ def flow(
     num_sources = source_positions.shape[1]
     heads = head_indices(head, graph.heads.shape[2]) if head is not None else [None]
 
+    # The kernel (numba, imported here: a process that never computes flow does not load it).
     # numba's threading layer, started by its first call, resets the process's OpenMP thread count,
     # which torch reads too: the caller's torch thread count is put back afterwards.
+    import numba
+
+    from captum_attnflow.functional._maxflow import max_flows
+
     torch_threads = torch.get_num_threads()
     threads = numba.get_num_threads()
     torch.set_num_threads(torch_threads)
@@ -157,6 +163,8 @@ def _packed_graphs(graph: AttentionGraph, count: int, show_progress: bool | None
     renumbered), rows packed; built one (B, n, n) layer at a time (a streamed graph computes
     each into one reused buffer), never as an (L, B, n, n) tensor; ``show_progress`` as in
     :meth:`AttentionGraph.walk`."""
+    from captum_attnflow.functional._maxflow import GraphPacker
+
     batch, n = graph.mask.shape
     real = graph.mask.cpu().numpy()
     keeps = [np.flatnonzero(real[b]) for b in range(batch)]

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from numba import njit
 from torch import Tensor
 
 from captum_attnflow.functional.checks import check_attention_values, check_row_statistics
+from captum_attnflow.functional.compiled import njit_on_first_call
 from captum_attnflow.functional.mixing import HEAD_FUSIONS, _mixed, fuse_heads
 
 
@@ -76,7 +76,7 @@ def _compiled_graph_layer(
 # this kernel reads the attentions once, in memory order, checking each row while folding it
 # into the fused (n, n) map that stays in cache, then mixes in the residual. One thread already
 # runs at memory speed, and a thread pool would compete with torch's.
-@njit(cache=True, fastmath={"reassoc", "contract", "nsz", "arcp"})
+@njit_on_first_call(cache=True, fastmath={"reassoc", "contract", "nsz", "arcp"})
 def _graph_layer_kernel(layer, mask, fusion, alpha, out, row_sums, negative_sums):  # pragma: no cover
     batch, heads, n, _ = layer.shape
     zero = np.float32(0.0)

@@ -21,7 +21,6 @@ import bisect
 
 import numpy as np
 import torch
-from numba import njit
 from torch import Tensor
 from tqdm.auto import tqdm
 
@@ -35,6 +34,7 @@ from captum_attnflow.functional.checks import (
     positions,
     shape_result,
 )
+from captum_attnflow.functional.compiled import njit_on_first_call
 from captum_attnflow.functional.graph import AttentionGraph, as_graph
 
 HEAD_DOC = """``None`` (default) for the heads fused; an int k for head k of the
@@ -227,7 +227,7 @@ def _rows_compiled(graph: np.ndarray, sources: np.ndarray, layers: list[int], sh
 # The same products as _propagate_rows for CPU tensors, serial on purpose: they are tiny (O(L^2 n^2)
 # in all), and torch hands each one to a multithreaded BLAS whose threads, when other processes
 # share the cores, wait for a time slice each call; that made 12 products of 2 ms take 200 ms.
-@njit(cache=True, fastmath={"reassoc", "contract", "nsz", "arcp"})
+@njit_on_first_call(cache=True, fastmath={"reassoc", "contract", "nsz", "arcp"})
 def _propagate_rows_kernel(graph, positions, layers, rows):  # pragma: no cover
     _, batch, n, _ = graph.shape
     count = len(layers)
