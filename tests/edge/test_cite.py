@@ -35,7 +35,11 @@ def test_cite_answers_with_the_bundled_model_and_ranks_the_fact_that_holds_the_a
     assert sorted(row[2] for row in ranking) == list(range(6))
     assert [row[1] for row in ranking] == sorted((row[1] for row in ranking), reverse=True)
     assert ranking[0][3] == "Bob: Lima (home city)."
-    assert "Bob: Lima (home city)." in page.read_text(encoding="utf-8")
+    shown = page.read_text(encoding="utf-8")
+    assert "Bob: Lima (home city)." in shown
+    # the input line holds the question too; the bundled model is named, not its path
+    assert "What is Bob&#x27;s home city? Answer:" in shown or "What is Bob's home city? Answer:" in shown
+    assert "assets/retrieval" not in shown and " retrieval" in shown
 
 
 def test_cite_by_line_top_k_and_a_given_answer(tmp_path, capsys):

@@ -104,6 +104,15 @@ class LLMAttentionAttributionResult(LLMAttributionResult):
         self.target_share = target_share
         self.decoder_start_token = decoder_start_token
 
+    def _shown_input(self) -> str:
+        """The page's input line: the whole prompt of a ``TextTemplateInput`` (its sources and
+        the template's own text, the question), else the prompt's or the source's tokens."""
+        if self.source_share is not None:
+            return "source: " + " ".join(self.input_tokens)
+        if self.template_attr is not None and hasattr(self.inp, "to_model_input"):
+            return "prompt: " + " ".join(str(self.inp.to_model_input()).split())
+        return "prompt: " + " ".join(self.input_tokens)
+
     def to_html(self, path: str | Path | None = None, title: str | None = None) -> str:
         """A self-contained HTML view: one row per output token, one cell per prompt token,
         coloured by ``token_attr`` (see :mod:`captum_attnflow.visualize.html`); written to
@@ -117,7 +126,9 @@ class LLMAttentionAttributionResult(LLMAttributionResult):
         from captum_attnflow.visualize.html import Section, attribution_html
 
         rows = [f"{t + 1}: {token}" for t, token in enumerate(self.output_tokens)]
-        name = " ".join(part for part in (self.method, self.model_name) if part)
+        # A model loaded from a local directory is named by that directory, not its whole path.
+        model = Path(self.model_name).name if self.model_name and Path(self.model_name).is_dir() else self.model_name
+        name = " ".join(part for part in (self.method, model) if part)
         scores = self.token_attr.detach().float().cpu()
         if self.source_share is None:
             unit = "score of the prompt token" if self.template_attr is None else "score of the source"
@@ -131,7 +142,7 @@ class LLMAttentionAttributionResult(LLMAttributionResult):
             groups = (("source", len(self.input_tokens)), ("target prefix", len(prefix)))
             section = Section(name, rows, [*self.input_tokens, *prefix], scores.numpy(), "score", groups)
         page = attribution_html(
-            [section], title=title or ("prompt: " if self.source_share is None else "source: ") + " ".join(self.input_tokens),
+            [section], title=title or self._shown_input(),
             prediction="output: " + " ".join(self.output_tokens), full_page=path is not None,
         )
         if path is not None:
