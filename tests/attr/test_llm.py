@@ -288,18 +288,18 @@ def test_encoder_decoder_positions_are_checked(tokenizer):
 
 
 def test_flow_rows_come_from_one_kernel_call_on_one_graph(tokenizer, monkeypatch):
-    functional_flow = importlib.import_module("captum_attnflow.functional.flow")  # the module, not the function
+    maxflow = importlib.import_module("captum_attnflow.functional._maxflow")  # flow() imports max_flows from it per call
     model = make_lm("gpt2", len(tokenizer))
     calls = []
-    kernel = functional_flow.max_flows
+    kernel = maxflow.max_flows
     monkeypatch.setattr(
-        functional_flow, "max_flows", lambda cap, sources, *args: calls.append(sources) or kernel(cap, sources, *args)
+        maxflow, "max_flows", lambda cap, sources, *args: calls.append(sources) or kernel(cap, sources, *args)
     )
     target = "are . that the keys"
     result = LLMAttentionAttribution(AttentionFlow(model), tokenizer).attribute(PROMPT, target=target, show_progress=True)
     n_in = len(tokenizer(PROMPT)["input_ids"])
     assert len(calls) == 1 and list(calls[0]) == list(range(n_in - 1, n_in + 4))
-    monkeypatch.setattr(functional_flow, "max_flows", kernel)
+    monkeypatch.setattr(maxflow, "max_flows", kernel)
     ids = tokenizer(f"{PROMPT} {target}", return_tensors="pt")["input_ids"]
     for t in range(5):  # one flow call per output token gives the same rows
         single = AttentionFlow(model).attribute(ids, position=n_in - 1 + t)[0]
