@@ -52,11 +52,15 @@ def _remember(touched, slot):
 def _flow(pool, blocks, slot):
     """The flow on the edge stored at ``slot`` of the packed graph.
 
-    A thread's flows are ``pool``, ``blocks`` and ``used``: the blocks of ``BLOCK`` edges that
-    carry flow in the current (source, sink) pair, packed in ``pool`` (float64) in the order
+    A thread's flows are ``pool``, ``blocks`` and ``used``. On a small graph ``blocks`` is
+    None and ``pool`` (float64) holds them in the graph's own layout, ``pool[slot]``; numba
+    compiles that case on its own, without the lookup. Otherwise ``pool`` holds the blocks of
+    ``BLOCK`` edges that carry flow in the current (source, sink) pair, packed in the order
     they were first written, block ``b`` from ``pool[blocks[b]]`` (``NO_BLOCK`` for the
     others); ``used[0]`` is the end of the pool in use.
     """
+    if blocks is None:
+        return pool[slot]
     start = blocks[slot >> _SHIFT]
     return pool[start + (slot & _MASK)] if start != NO_BLOCK else 0.0
 
@@ -71,8 +75,10 @@ def _flow_at(pool, blocks, offsets, rows, k, i, j):
 
 @njit(cache=True, inline="always")
 def _flow_index(blocks, used, slot):
-    """Where the flow of the edge at ``slot`` is in the pool; its block is given room there
-    (zeros) on first use."""
+    """Where the flow of the edge at ``slot`` is in the pool: ``slot`` itself without blocks,
+    else in its block, given room there (zeros) on first use."""
+    if blocks is None:
+        return slot
     start = blocks[slot >> _SHIFT]
     if start == NO_BLOCK:
         start = used[0]
@@ -85,7 +91,13 @@ def _flow_index(blocks, used, slot):
 def _clear(pool, blocks, used, touched):
     """Zero the flows of the edges listed in ``touched`` (the whole pool in use if the list
     overflowed) and release their blocks: the pool is all zeros again, from its start."""
-    if touched[0] >= touched.shape[0] - 1:
+    if blocks is None:
+        if touched[0] >= touched.shape[0] - 1:
+            pool[:] = 0.0
+        else:
+            for n in range(1, touched[0] + 1):
+                pool[touched[n]] = 0.0
+    elif touched[0] >= touched.shape[0] - 1:
         pool[: used[0]] = 0.0
         blocks[:] = NO_BLOCK
     else:
