@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from captum_attnflow.functional import attention_graph, flow
 from captum_attnflow.functional import _memory
-from captum_attnflow.functional._maxflow import EPS, driver, max_flows
+from captum_attnflow.functional._maxflow import EPS, max_flows
 from captum_attnflow.functional._maxflow.cuts import _causal_bounds, _threshold_cut
 from captum_attnflow.functional._maxflow.packed import PackedGraph, pack
 from helpers import banded, causal_sink, peaked
@@ -223,7 +223,7 @@ def test_packing_keeps_each_rows_nonzero_span():
         ("peaked", peaked(3, 12, seed=8)),
     ],
 )
-def test_packed_rows_give_the_values_of_whole_rows_and_of_networkx(name, attentions, monkeypatch):
+def test_packed_rows_give_the_values_of_whole_rows_and_of_networkx(name, attentions):
     # The same graph stored row by row whole (zeros included, as a dense kernel reads it) and as
     # its nonzero spans: the kernel reads both through the same index arithmetic, to the same bits;
     # and its flows kept in the graph's layout (small graphs) or pooled in blocks (large ones).
@@ -234,21 +234,19 @@ def test_packed_rows_give_the_values_of_whole_rows_and_of_networkx(name, attenti
     whole_values, whole_gaps = max_flows(full_rows(graph), np.array(sources), 2)
     np.testing.assert_array_equal(values, whole_values)
     np.testing.assert_array_equal(gaps, whole_gaps)
-    monkeypatch.setattr(driver, "_DENSE_FLOW_BYTES", 0)
-    pooled_values, pooled_gaps = max_flows(pack(graph), np.array(sources), 2)
+    pooled_values, pooled_gaps = max_flows(pack(graph), np.array(sources), 2, pooled=True)
     np.testing.assert_array_equal(values, pooled_values)
     np.testing.assert_array_equal(gaps, pooled_gaps)
     assert_certified(graph, values, gaps, reference(graph.astype(np.float64), sources, range(n)))
 
 
-@pytest.mark.parametrize("dense_bytes", [driver._DENSE_FLOW_BYTES, 0], ids=["flows in the graph's layout", "pooled flows"])
-def test_the_pool_of_flows_is_zero_between_pairs(dense_bytes, monkeypatch):
+@pytest.mark.parametrize("pooled", [False, True], ids=["flows in the graph's layout", "pooled flows"])
+def test_the_pool_of_flows_is_zero_between_pairs(pooled):
     # Each thread reuses its flows from pair to pair: the order of the pairs, and which thread
     # runs them, cannot change a value.
-    monkeypatch.setattr(driver, "_DENSE_FLOW_BYTES", dense_bytes)
     graph = attention_graph(sliding_window(6, 40, window=9, seed=3)).weights[:, 0].numpy()
     packed = pack(graph)
-    values, gaps = max_flows(packed, np.array([39, 20, 31]), 1)
-    reordered, reordered_gaps = max_flows(packed, np.array([31, 20, 39]), 2)
+    values, gaps = max_flows(packed, np.array([39, 20, 31]), 1, pooled=pooled)
+    reordered, reordered_gaps = max_flows(packed, np.array([31, 20, 39]), 2, pooled=pooled)
     np.testing.assert_array_equal(values, reordered[::-1])
     np.testing.assert_array_equal(gaps, reordered_gaps[::-1])

@@ -5,7 +5,7 @@ the source) holds it: flow's max-flow kernel takes about 28 s of one core, ALTI'
 about 8 s. ``scripts/install.sh`` runs this once after installing, so that neither a user's
 first call nor each process of the test command pays it. Each kernel is compiled for the
 argument types the library passes it, by calling the functions that run them on tiny
-inputs: flow on encoder and causal attention, rollout's rows in float32 and float64, ALTI's
+inputs: flow on encoder and causal attention (flows kept both ways), rollout's rows in float32 and float64, ALTI's
 contributions pre- and post-LN in float32 and float64.
 """
 
@@ -15,6 +15,7 @@ import time
 
 import torch
 
+from captum_attnflow.functional._maxflow import max_flows
 from captum_attnflow.functional.decomposition import alti_contributions
 from captum_attnflow.functional.flow import flow
 from captum_attnflow.functional.rollout import rollout_rows
@@ -28,7 +29,8 @@ def precompile() -> float:
     causal = torch.softmax(torch.randn(3, 1, 2, 6, 6, generator=generator).tril().masked_fill(
         torch.ones(6, 6, dtype=torch.bool).triu(1), float("-inf")), -1)
     for maps in (attentions, causal):
-        flow(maps, sources=[0, 5], show_progress=False)
+        flow(maps, sources=[0, 5], show_progress=False)  # flows in the graph's layout (a small graph)
+        max_flows(maps.mean(2)[:, 0].numpy(), [0, 5], pooled=True)  # pooled flows, as large graphs keep them
         for dtype in (torch.float32, torch.float64):
             rollout_rows(maps.to(dtype), position=[0, 5], layer=None)
     for dtype in (torch.float32, torch.float64):

@@ -137,6 +137,7 @@ def max_flows(
     sources: np.ndarray,
     num_threads: int = 1,
     progress: Callable[[int], object] | None = None,
+    pooled: bool | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Max-flow values from every (l, s), s in ``sources``, to every input node (0, t).
 
@@ -159,6 +160,9 @@ def max_flows(
         num_threads: the most threads to use.
         progress: called with the number of sources done, after every few sources (for a
             progress bar); None runs all sources at once.
+        pooled: pool the flows in blocks (True) or keep them in the graph's layout (False);
+            None (default): pooled when they would take more than ``_DENSE_FLOW_BYTES``. The
+            values are the same bits either way.
 
     Returns:
         values (S, m) and gaps (S, m), float64: ``values[a, t]`` is within ``gaps[a, t]``
@@ -175,7 +179,7 @@ def max_flows(
     # Zeros from numpy (calloc): pages no flow is written to are never mapped.
     size = -(-graph.values.shape[0] // BLOCK) * BLOCK
     flows = [np.zeros(size) for _ in range(parts)]
-    pooled = 8 * size > _DENSE_FLOW_BYTES
+    pooled = 8 * size > _DENSE_FLOW_BYTES if pooled is None else pooled
     blocks = [np.full(size // BLOCK, NO_BLOCK, np.int64) if pooled else None for _ in range(parts)]
     for start in range(0, sources.shape[0], step):
         chunk = slice(start, start + step)
