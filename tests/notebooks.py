@@ -63,8 +63,9 @@ def run_notebook(path: Path, timeout: float = 600.0) -> str | None:
         if not receiver.poll(timeout):
             return f"{path.name} still running after {timeout:.0f} s"
         report = json.loads(receiver.recv_bytes())
-    except EOFError:
-        return f"{path.name}: the process running it died (exit code {process.join(5) or process.exitcode})"
+    except EOFError:  # the child ended without sending its report
+        process.join(5)
+        return f"{path.name}: the process running it died (exit code {process.exitcode})"
     finally:
         process.kill()
         process.join()
